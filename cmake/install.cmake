@@ -1,6 +1,7 @@
 # cmake --install writes a prefix from which find_package(infer) works (tests/consumer proves it).
 include(CMakePackageConfigHelpers)
 install(DIRECTORY include/infer DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_BINARY_DIR}/include/infer/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/infer)
 install(TARGETS infer infer_kernels EXPORT inferTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
