@@ -7,6 +7,7 @@ What it writes, and from what:
   smollm2/chat_reference.json    HF apply_chat_template output with the GGUF's own template
   tokenizer/pretokenize_reference.json  HF `tokenizers` Split() of the corpus by the GPT-2, Llama-3
                                  and Qwen2 pre-tokenizer regexes (what infer's PCRE2 patterns must match)
+  smollm2/tensor_table.json     every tensor's name, type, shape (GGUF order) and byte size, read by `gguf`
   smollm2/dequant_reference.json values of a few of the model's tensors, dequantized by `gguf` (llama.cpp's)
   quant/random_blocks.json       random blocks of every supported GGUF type and their `gguf` dequantization
 
@@ -80,6 +81,10 @@ dump("tokenizer/pretokenize_reference.json", splits)
 
 # --- tensors of the model -------------------------------------------------------------------------
 reader = gguf.GGUFReader(model_path)
+dump("smollm2/tensor_table.json", {
+    "source": "gguf-py GGUFReader", "version": int(reader.fields["GGUF.version"].contents()),
+    "tensors": [{"name": t.name, "type": t.tensor_type.name, "shape": [int(x) for x in t.shape],
+                 "bytes": int(t.n_bytes)} for t in reader.tensors]})
 wanted = ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_norm.weight", "blk.29.ffn_down.weight",
           "output_norm.weight"]
 tensors = []
