@@ -57,11 +57,11 @@ for t in ref["tensors"]:
 
 # bad input: a typed error naming the problem, exit 1, nothing on stdout
 with tempfile.TemporaryDirectory() as tmp:
-    truncated = os.path.join(tmp, "truncated.gguf")
+    truncated = os.path.join(tmp, "cut.gguf")
     with open(model, "rb") as src, open(truncated, "wb") as dst:
         dst.write(src.read(4096))
     r = run(truncated)
-    check(r.returncode == 1 and "format error" in r.stderr and "truncated" in r.stderr.lower(),
+    check(r.returncode == 1 and "format error" in r.stderr and "cut.gguf" in r.stderr and not r.stdout,
           f"truncated GGUF: {r.returncode} {r.stderr!r}")
     garbage = os.path.join(tmp, "garbage.bin")
     open(garbage, "wb").write(b"\x01" * 64)
