@@ -51,12 +51,14 @@ constexpr DTypeInfo info(DType t) noexcept {
 
 constexpr std::string_view name(DType t) noexcept { return info(t).name; }
 
-/// Bytes of one row of `elems` values, or nullopt when `elems` is not a whole number of blocks
-/// (a file that claims such a shape is malformed).
+/// Bytes of one row of `elems` values, or nullopt when `elems` is not a whole number of blocks (a file
+/// that claims such a shape is malformed) or the byte count would not fit in 64 bits.
 constexpr std::optional<std::uint64_t> row_bytes(DType t, std::uint64_t elems) noexcept {
   const DTypeInfo i = info(t);
   if (elems % i.block_elems != 0) return std::nullopt;
-  return elems / i.block_elems * i.block_bytes;
+  const std::uint64_t blocks = elems / i.block_elems;
+  if (blocks > UINT64_MAX / i.block_bytes) return std::nullopt;
+  return blocks * i.block_bytes;
 }
 
 }  // namespace infer

@@ -47,4 +47,6 @@ TEST_CASE("block formats have the sizes GGUF defines", "[core][dtype]") {
   CHECK(row_bytes(DType::q6_k, 512) == 2 * 210);
   CHECK_FALSE(row_bytes(DType::q4_k, 100).has_value());
   CHECK(row_bytes(DType::bf16, 7) == 14);
+  CHECK_FALSE(row_bytes(DType::f32, 1ull << 62).has_value());  // 2^64 bytes: would wrap to 0
+  CHECK(row_bytes(DType::f32, (1ull << 62) - 1) == ((1ull << 62) - 1) * 4);
 }

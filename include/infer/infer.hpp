@@ -1,0 +1,26 @@
+#pragma once
+/// \file
+/// The umbrella header: everything a user of infer normally needs. Include narrower headers to keep
+/// compile times down in large projects.
+
+#include "infer/version.hpp"
+
+#include "infer/core/dtype.hpp"
+#include "infer/core/error.hpp"
+#include "infer/core/half.hpp"
+
+#include "infer/io/gguf.hpp"
+#include "infer/io/mapped_file.hpp"
+#include "infer/io/safetensors.hpp"
+
+#include "infer/model/gguf_config.hpp"
+#include "infer/model/hf_config.hpp"
+#include "infer/model/model_config.hpp"
+
+#include "infer/quant/dequantize.hpp"
+#include "infer/quant/gguf_blocks.hpp"
+
+#include "infer/tokenizer/chat_template.hpp"
+#include "infer/tokenizer/gguf_vocab.hpp"
+#include "infer/tokenizer/incremental_decoder.hpp"
+#include "infer/tokenizer/tokenizer.hpp"

@@ -1,0 +1,158 @@
+// CUDA dequantization against the CPU reference: fresh random blocks of every type (finite f16
+// scales), outputs poisoned with NaN first; f32 output must match bit for bit, bf16 output must be the
+// round-to-nearest-even of the CPU value.
+#include <catch2/catch.hpp>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "infer/core/dtype.hpp"
+#include "infer/core/error.hpp"
+#include "infer/core/half.hpp"
+#include "infer/quant/dequantize.hpp"
+
+using namespace infer;
+
+namespace {
+
+#define CUDA_REQUIRE(expr)                                                    \
+  do {                                                                        \
+    const cudaError_t e_ = (expr);                                            \
+    INFO(#expr << ": " << cudaGetErrorString(e_));                            \
+    REQUIRE(e_ == cudaSuccess);                                               \
+  } while (0)
+
+/// Device buffer freed on scope exit.
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) { CUDA_REQUIRE(cudaMalloc(&p, bytes == 0 ? 1 : bytes)); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+/// Offsets of the f16 scales within a block (kept finite; random bits would give inf/NaN).
+std::vector<std::size_t> scale_offsets(DType t) {
+  switch (t) {
+    case DType::q8_0:
+    case DType::q4_0: return {0};
+    case DType::q4_1:
+    case DType::q4_k:
+    case DType::q5_k: return {0, 2};
+    case DType::q6_k: return {208};
+    default: return {};
+  }
+}
+
+std::vector<std::byte> random_tensor(DType t, std::size_t elems, std::mt19937& rng) {
+  const DTypeInfo ti = info(t);
+  std::vector<std::byte> b(*row_bytes(t, elems));
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  std::normal_distribution<float> n(0.0f, 2.0f);
+  auto put16 = [&](std::size_t at, std::uint16_t h) { std::memcpy(b.data() + at, &h, 2); };
+  if (t == DType::f32) {
+    for (std::size_t i = 0; i < elems; ++i) {
+      const float v = n(rng);
+      std::memcpy(b.data() + 4 * i, &v, 4);
+    }
+  } else if (t == DType::f16) {
+    for (std::size_t i = 0; i < elems; ++i) put16(2 * i, f32_to_f16(n(rng)));
+  } else if (t == DType::bf16) {
+    for (std::size_t i = 0; i < elems; ++i) put16(2 * i, f32_to_bf16(n(rng)));
+  } else {
+    for (auto& x : b) x = static_cast<std::byte>(rng() & 0xff);
+    for (std::size_t blk = 0; blk < elems / ti.block_elems; ++blk)
+      for (std::size_t off : scale_offsets(t)) put16(blk * ti.block_bytes + off, f32_to_f16(u(rng)));
+  }
+  return b;
+}
+
+const DType kTypes[] = {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0,
+                        DType::q4_1, DType::q4_k, DType::q5_k, DType::q6_k};
+
+}  // namespace
+
+TEST_CASE("CUDA dequantize matches the CPU reference for every type", "[cuda][quant]") {
+  std::mt19937 rng(std::random_device{}());
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  for (DType t : kTypes) {
+    // 16-byte aligned output (vector stores) and an output shifted by one element (scalar stores).
+    for (std::size_t shift : {0, 1}) {
+      const std::size_t elems = static_cast<std::size_t>(info(t).block_elems) * (257 + rng() % 700);
+      INFO("type " << name(t) << ", " << elems << " values, output shifted by " << shift);
+      const auto src = random_tensor(t, elems, rng);
+      std::vector<float> ref(elems);
+      cpu::dequantize(t, src, ref);
+
+      DeviceBuffer d_src(src.size()), d_f32((elems + shift) * 4), d_bf16((elems + shift) * 2);
+      CUDA_REQUIRE(cudaMemcpy(d_src.p, src.data(), src.size(), cudaMemcpyHostToDevice));
+      const std::vector<float> poison(elems + shift, std::numeric_limits<float>::quiet_NaN());
+      CUDA_REQUIRE(cudaMemcpy(d_f32.p, poison.data(), poison.size() * 4, cudaMemcpyHostToDevice));
+      CUDA_REQUIRE(cudaMemset(d_bf16.p, 0xff, (elems + shift) * 2));  // 0xffff is a bf16 NaN
+
+      float* out32 = static_cast<float*>(d_f32.p) + shift;
+      auto* out16 = static_cast<std::uint16_t*>(d_bf16.p) + shift;
+      cuda::dequantize(t, d_src.p, out32, elems, stream);
+      cuda::dequantize(t, d_src.p, out16, elems, stream);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+
+      std::vector<float> got32(elems + shift);
+      std::vector<std::uint16_t> got16(elems + shift);
+      CUDA_REQUIRE(cudaMemcpy(got32.data(), d_f32.p, got32.size() * 4, cudaMemcpyDeviceToHost));
+      CUDA_REQUIRE(cudaMemcpy(got16.data(), d_bf16.p, got16.size() * 2, cudaMemcpyDeviceToHost));
+      if (shift) {
+        CHECK(std::isnan(got32[0]));  // nothing written before the output
+        CHECK(got16[0] == 0xffff);
+      }
+      int bad32 = 0, bad16 = 0;
+      for (std::size_t i = 0; i < elems; ++i) {
+        const float g = got32[i + shift], r = ref[i];
+        if (std::memcmp(&g, &r, 4) != 0 && ++bad32 <= 5) FAIL_CHECK("f32 value " << i << ": " << g << " != " << r);
+        const std::uint16_t h = got16[i + shift];
+        const float hf = bf16_to_f32(h);
+        const bool ok = h == f32_to_bf16(r) && std::fabs(hf - r) <= std::ldexp(std::fabs(r), -8);
+        if (!ok && ++bad16 <= 5) FAIL_CHECK("bf16 value " << i << ": " << hf << " vs " << r);
+      }
+      CHECK(bad32 == 0);
+      CHECK(bad16 == 0);
+    }
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("CUDA dequantize of a large tensor (grid-stride path)", "[cuda][quant]") {
+  std::mt19937 rng(99);
+  // 1.28M groups of 8: more than the 4096 x 256 threads of the largest grid, so threads loop.
+  const std::size_t elems = std::size_t{256} * 40000;
+  const auto src = random_tensor(DType::q4_k, elems, rng);
+  std::vector<float> ref(elems);
+  cpu::dequantize(DType::q4_k, src, ref);
+  DeviceBuffer d_src(src.size()), d_out(elems * 4);
+  CUDA_REQUIRE(cudaMemcpy(d_src.p, src.data(), src.size(), cudaMemcpyHostToDevice));
+  CUDA_REQUIRE(cudaMemset(d_out.p, 0xff, elems * 4));
+  cuda::dequantize(DType::q4_k, d_src.p, static_cast<float*>(d_out.p), elems, nullptr);
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  std::vector<float> got(elems);
+  CUDA_REQUIRE(cudaMemcpy(got.data(), d_out.p, elems * 4, cudaMemcpyDeviceToHost));
+  CHECK(std::memcmp(got.data(), ref.data(), elems * 4) == 0);
+}
+
+TEST_CASE("CUDA dequantize rejects bad arguments", "[cuda][quant]") {
+  DeviceBuffer src(1024), dst(1024);
+  auto* out = static_cast<float*>(dst.p);
+  CHECK_THROWS_AS(cuda::dequantize(DType::q4_k, src.p, out, 100, nullptr), InvalidArgument);
+  CHECK_THROWS_WITH(cuda::dequantize(DType::q4_k, src.p, out, 100, nullptr),
+                    Catch::Contains("100 values") && Catch::Contains("block size 256"));
+  CHECK_THROWS_AS(cuda::dequantize(DType::q8_0, nullptr, out, 32, nullptr), InvalidArgument);
+  CHECK_THROWS_WITH(cuda::dequantize(DType::q8_0, src.p, static_cast<float*>(nullptr), 32, nullptr),
+                    Catch::Contains("destination"));
+  CHECK_THROWS_AS(cuda::dequantize(DType::f32, static_cast<char*>(src.p) + 2, out, 4, nullptr), InvalidArgument);
+  CHECK_THROWS_AS(cuda::dequantize(DType::int8, src.p, out, 4, nullptr), UnsupportedError);
+  CHECK_NOTHROW(cuda::dequantize(DType::q8_0, nullptr, out, 0, nullptr));
+}
