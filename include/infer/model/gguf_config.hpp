@@ -27,10 +27,16 @@ namespace infer {
   const std::string src = cat("GGUF '", f.source(), "'");
   const std::string arch(f.architecture());
   ModelConfig c;
-  if (arch == "llama") c.family = ModelFamily::llama;
-  else if (arch == "qwen2") c.family = ModelFamily::qwen2;
-  else
+  // llama.cpp's converter permutes llama q/k rows to adjacent-pair RoPE; qwen2 keeps HF's layout.
+  if (arch == "llama") {
+    c.family = ModelFamily::llama;
+    c.rope_style = RopeStyle::interleaved;
+  } else if (arch == "qwen2") {
+    c.family = ModelFamily::qwen2;
+    c.rope_style = RopeStyle::neox;
+  } else {
     throw UnsupportedError(cat(src, ": general.architecture '", arch, "' is not supported (supported: llama, qwen2)"));
+  }
   c.architecture = arch;
   const auto key = [&](std::string_view k) { return cat(arch, ".", k); };
   const auto get_int = [&](std::string_view k) { return f.get<std::int64_t>(key(k)); };

@@ -62,6 +62,17 @@ constexpr std::string_view to_string(RopeScaling::Kind k) noexcept {
   return "?";
 }
 
+/// Which elements of a head RoPE rotates together. Hugging Face checkpoints rotate element i with
+/// i + head_dim/2 (`rotate_half`); llama.cpp's converter permutes Llama's q/k projection rows so that
+/// GGUF files of the `llama` architecture rotate adjacent pairs (2i, 2i+1) instead. Both describe the
+/// same model; the decoder must use the style its weights were written for.
+enum class RopeStyle : std::uint8_t {
+  neox,         ///< pairs (i, i + head_dim/2): HF checkpoints, GGUF qwen2
+  interleaved,  ///< pairs (2i, 2i+1): GGUF llama
+};
+
+constexpr std::string_view to_string(RopeStyle s) noexcept { return s == RopeStyle::neox ? "neox" : "interleaved"; }
+
 /// Sizes are signed so that `validate()` can report a negative value read from a file as such,
 /// rather than as a huge unsigned number.
 struct ModelConfig {
@@ -78,6 +89,7 @@ struct ModelConfig {
 
   float rope_theta = 10000.0f;  ///< RoPE base
   RopeScaling rope_scaling;
+  RopeStyle rope_style = RopeStyle::neox;
   float rms_norm_eps = 1e-6f;
   std::int64_t max_position_embeddings = 0;  ///< context length the model supports
 
@@ -167,6 +179,7 @@ struct ModelConfig {
                                 "}"));
         break;
     }
+    add("rope_style", std::string(to_string(rope_style)));
     add("rms_norm_eps", cat(rms_norm_eps));
     add("max_position_embeddings", std::to_string(max_position_embeddings));
     add("tie_word_embeddings", tie_word_embeddings ? "true" : "false");

@@ -1,0 +1,34 @@
+#pragma once
+/// \file
+/// `WeightTensor`: one weight as a Quantizer receives it, whichever file it came from. Shapes are
+/// row-major with the slowest dimension first — a linear layer is `[out_features, in_features]` — so a
+/// GGUF tensor's dimensions arrive reversed from the file's order. The bytes are the file's own (mapped),
+/// in `type`'s encoding; a Quantizer decides what to keep.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "infer/core/dtype.hpp"
+
+namespace infer {
+
+struct WeightTensor {
+  std::string name;                  ///< the file's name for it, for error messages
+  DType type = DType::f32;
+  std::vector<std::uint64_t> shape;  ///< row-major, slowest first
+  std::span<const std::byte> data;
+
+  [[nodiscard]] std::uint64_t elements() const noexcept {
+    std::uint64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+  [[nodiscard]] std::int64_t rows() const noexcept { return shape.empty() ? 1 : static_cast<std::int64_t>(shape.front()); }
+  [[nodiscard]] std::int64_t cols() const noexcept {
+    return shape.size() < 2 ? static_cast<std::int64_t>(elements()) : static_cast<std::int64_t>(elements() / shape.front());
+  }
+};
+
+}  // namespace infer

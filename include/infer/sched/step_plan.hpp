@@ -1,0 +1,45 @@
+#pragma once
+/// \file
+/// `StepPlan`: what one engine iteration will compute, as decided by a Scheduler. Scheduling is
+/// plan-then-apply: `schedule()` makes the admission, chunking and preemption decisions (and reserves
+/// KV blocks for them); the engine then runs exactly this plan and reports back. A plan is plain data,
+/// so schedulers are tested without a model, and a static engine's plan shape is fixed enough to capture.
+
+#include <cstdint>
+#include <vector>
+
+#include "infer/sched/sequence.hpp"
+
+namespace infer {
+
+/// One sequence's share of a step: tokens [start, start + count) are computed.
+struct ScheduledChunk {
+  Sequence* seq = nullptr;
+  std::int32_t start = 0;  ///< == seq->num_computed when planned
+  std::int32_t count = 0;  ///< > 0
+  /// The chunk reaches the sequence's last token, so its last position's logits give the next token.
+  /// False for a non-final chunk of a chunked prefill.
+  bool samples = false;
+};
+
+/// A copy-on-write: the engine copies KV block `src` into block `dst` (every layer) before the step.
+struct BlockCopy {
+  std::int32_t src = 0;
+  std::int32_t dst = 0;
+  friend bool operator==(const BlockCopy&, const BlockCopy&) = default;
+};
+
+struct StepPlan {
+  std::vector<ScheduledChunk> chunks;  ///< batch order: decodes first, then prefill chunks
+  std::vector<Sequence*> preempted;    ///< sent back to waiting in this step; their blocks are freed
+  std::vector<BlockCopy> copies;       ///< to apply before computing
+
+  [[nodiscard]] bool empty() const noexcept { return chunks.empty(); }
+  [[nodiscard]] std::int32_t num_tokens() const noexcept {
+    std::int32_t n = 0;
+    for (const auto& c : chunks) n += c.count;
+    return n;
+  }
+};
+
+}  // namespace infer
