@@ -1,0 +1,202 @@
+#pragma once
+/// \file
+/// `StaticBatchScheduler<MaxBatch>`: the scheduler of the static-shape engine (TensorRT-LLM's static
+/// engine with in-flight batching). At most `MaxBatch` sequences run, each in a contiguous slot whose
+/// capacity (max_input + max_output of the build) is reserved when it is admitted, so there is no
+/// preemption and a decode never waits for memory. A prompt is prefilled whole in one step (shapes are
+/// fixed at build: no token budget, no chunking); when a sequence finishes, its slot is refilled by
+/// the next waiting sequence (first come, first served) on the next step, alongside the decodes of
+/// the others.
+///
+/// It works only with an allocator that has a build-time `Shape` (`A::shape`, e.g.
+/// `ContiguousAllocator<Shape{...}>`): the limits check() enforces are that shape. Used with a paged
+/// allocator, `infer::Scheduler<StaticBatchScheduler<N>, Paged>` is simply false and the member call
+/// fails on the `FixedShapeAllocator` constraint.
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <vector>
+
+#include "infer/concepts.hpp"
+#include "infer/core/error.hpp"
+#include "infer/sched/continuous_batch.hpp"  // detail:: chunk helpers shared by both schedulers
+#include "infer/sched/sequence.hpp"
+#include "infer/sched/step_plan.hpp"
+
+namespace infer {
+
+/// An allocator whose capacity is fixed at build: `A::shape.{max_batch, max_input, max_output}`.
+template <class A>
+concept FixedShapeAllocator = BlockAllocator<A> && requires {
+  { A::shape.max_batch } -> std::convertible_to<std::int32_t>;
+  { A::shape.max_input } -> std::convertible_to<std::int32_t>;
+  { A::shape.max_output } -> std::convertible_to<std::int32_t>;
+};
+
+template <std::int32_t MaxBatch>
+class StaticBatchScheduler {
+  static_assert(MaxBatch >= 1, "StaticBatchScheduler<MaxBatch>: MaxBatch must be at least 1");
+
+  /// Instantiated by every member: the batch must fit the slots the allocator was built with.
+  template <class A>
+  static constexpr void check_shape() {
+    static_assert(MaxBatch <= A::shape.max_batch,
+                  "StaticBatchScheduler<MaxBatch>: MaxBatch exceeds the allocator's Shape::max_batch; build the "
+                  "allocator with max_batch >= MaxBatch or lower MaxBatch");
+  }
+
+ public:
+  static constexpr std::int32_t max_batch = MaxBatch;
+
+  [[nodiscard]] std::size_t num_waiting() const noexcept { return waiting_.size(); }
+  [[nodiscard]] std::size_t num_running() const noexcept { return running_.size(); }
+
+  /// Throws InvalidArgument when `seq` exceeds the engine's build-time shape.
+  template <class A>
+    requires FixedShapeAllocator<A>
+  void check(const Sequence& seq, const A& alloc) const {
+    check_shape<A>();
+    constexpr auto shape = A::shape;
+    if (seq.len() < 1 || seq.prompt_len < 1 || seq.prompt_len > seq.len()) {
+      throw InvalidArgument(detail::cat("sequence ", seq.id, " has ", seq.len(), " tokens and prompt_len ",
+                                        seq.prompt_len, "; a sequence needs a non-empty prompt"));
+    }
+    if (seq.prompt_len > shape.max_input) {
+      throw InvalidArgument(detail::cat("prompt has ", seq.prompt_len, " tokens; this engine's max_input is ",
+                                        shape.max_input,
+                                        " (build a StaticEngine with a larger Shape or use the paged engine)"));
+    }
+    if (seq.max_len < seq.len()) {
+      throw InvalidArgument(detail::cat("sequence ", seq.id, " has ", seq.len(), " tokens but max_len ", seq.max_len,
+                                        "; set max_len to prompt_len + max_tokens (at least the tokens it has)"));
+    }
+    if (seq.max_len - seq.prompt_len > shape.max_output) {
+      throw InvalidArgument(detail::cat("request may generate ", seq.max_len - seq.prompt_len,
+                                        " tokens; this engine's max_output is ", shape.max_output,
+                                        " (lower max_tokens, build a StaticEngine with a larger Shape or use the "
+                                        "paged engine)"));
+    }
+    if (!alloc.can_ever_fit(seq.max_len)) {  // the shape says yes; a custom allocator may still say no
+      throw InvalidArgument(detail::cat("sequence ", seq.id, " may grow to ", seq.max_len,
+                                        " tokens but a slot of this engine holds ", alloc.block_size(),
+                                        " (build a StaticEngine with a larger Shape or use the paged engine)"));
+    }
+  }
+
+  /// Queues a new sequence, first come first served by arrival.
+  void add(Sequence* seq) {
+    if (seq == nullptr) throw InvalidArgument("add(): the sequence pointer is null");
+    if (seq->status != SeqStatus::waiting) {
+      throw InvalidArgument(detail::cat("add(): sequence ", seq->id, " is ",
+                                        seq->status == SeqStatus::running ? "running" : "finished",
+                                        "; only a new (waiting) sequence can be added"));
+    }
+    seq->num_computed = 0;
+    auto it = waiting_.end();
+    while (it != waiting_.begin() && (*(it - 1))->arrival > seq->arrival) --it;
+    waiting_.insert(it, seq);
+  }
+
+  /// Running sequences decode (or finish their prefill); free slots are refilled from the queue, each
+  /// newcomer prefilled whole. Throws InvalidArgument if the allocator breaks its reservation promise.
+  template <class A>
+    requires FixedShapeAllocator<A>
+  StepPlan schedule(A& alloc) {
+    check_shape<A>();
+    StepPlan plan;
+    plan.chunks.reserve(static_cast<std::size_t>(MaxBatch));
+    prefills_.clear();
+
+    for (Sequence* seq : running_) {
+      const std::int32_t count = seq->num_uncomputed();
+      if (count <= 0) continue;  // no token appended since its last step
+      if (!alloc.grow(*seq, seq->len())) {
+        throw InvalidArgument(detail::cat("sequence ", seq->id, " could not grow to ", seq->len(),
+                                          " tokens inside its reserved slot of ", alloc.block_size(),
+                                          "; StaticBatchScheduler needs an allocator that reserves a whole slot "
+                                          "(max_input + max_output) at admission"));
+      }
+      push_chunk(plan, detail::make_chunk(*seq, count));
+    }
+
+    while (!waiting_.empty() && running_.size() < static_cast<std::size_t>(MaxBatch)) {
+      Sequence& seq = *waiting_.front();
+      const std::optional<std::int32_t> cached = alloc.allocate(seq);
+      if (!cached) break;  // no free slot (shared allocator): wait for the next finish
+      seq.num_computed = detail::usable_cached(cached, seq);
+      seq.num_cached_tokens = seq.num_computed;
+      seq.status = SeqStatus::running;
+      waiting_.pop_front();
+      running_.push_back(&seq);
+      push_chunk(plan, detail::make_chunk(seq, seq.num_uncomputed()));
+    }
+
+    plan.chunks.insert(plan.chunks.end(), prefills_.begin(), prefills_.end());
+    plan.copies = alloc.take_copies();
+    return plan;
+  }
+
+  template <class A>
+    requires FixedShapeAllocator<A>
+  void update(const StepPlan& plan, A& alloc) {
+    check_shape<A>();
+    detail::apply_plan(plan, alloc);
+  }
+
+  /// Retires a finished or aborted sequence; its slot is refilled on the next schedule(). Idempotent.
+  template <class A>
+    requires FixedShapeAllocator<A>
+  void finish(Sequence* seq, A& alloc) {
+    check_shape<A>();
+    if (seq == nullptr) throw InvalidArgument("finish(): the sequence pointer is null");
+    if (detail::erase_one(running_, seq)) {
+      alloc.free(*seq);
+    } else {
+      detail::erase_one(waiting_, seq);
+    }
+    seq->status = SeqStatus::finished;
+  }
+
+  /// A sibling sample takes a slot of its own (the allocator copies the parent's KV into it).
+  template <class A>
+    requires FixedShapeAllocator<A>
+  void fork(Sequence* parent, Sequence* child, A& alloc) {
+    check_shape<A>();
+    if (parent == nullptr || child == nullptr) throw InvalidArgument("fork(): a sequence pointer is null");
+    auto it = std::find(running_.begin(), running_.end(), parent);
+    if (it == running_.end()) {
+      throw InvalidArgument(detail::cat("fork(): parent sequence ", parent->id,
+                                        " is not running; fork a sequence after its prompt has been computed"));
+    }
+    if (running_.size() >= static_cast<std::size_t>(MaxBatch) || alloc.num_free_blocks() < 1) {
+      throw InvalidArgument(detail::cat("fork(): sequence ", parent->id, " cannot get a sibling: ", running_.size(),
+                                        " of this engine's ", MaxBatch,
+                                        " slots are in use; ask for fewer samples (n) or build with a larger "
+                                        "max_batch"));
+    }
+    child->num_computed = parent->num_computed;
+    child->num_cached_tokens = parent->num_cached_tokens;
+    alloc.fork(*parent, *child);
+    child->status = SeqStatus::running;
+    running_.insert(it + 1, child);
+  }
+
+ private:
+  void push_chunk(StepPlan& plan, const ScheduledChunk& chunk) {
+    if (detail::is_decode(chunk)) {
+      plan.chunks.push_back(chunk);
+    } else {
+      prefills_.push_back(chunk);
+    }
+  }
+
+  std::vector<Sequence*> running_;  ///< at most MaxBatch, admission order
+  std::deque<Sequence*> waiting_;   ///< by arrival
+  std::vector<ScheduledChunk> prefills_;  ///< per-step scratch
+};
+
+}  // namespace infer
