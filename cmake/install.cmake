@@ -11,4 +11,4 @@ configure_package_config_file(cmake/inferConfig.cmake.in ${PROJECT_BINARY_DIR}/i
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/infer)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/inferConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/inferConfig.cmake ${PROJECT_BINARY_DIR}/inferConfigVersion.cmake
-  cmake/inferPcre2.cmake DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/infer)
+  cmake/inferPcre2.cmake cmake/inferXxhash.cmake DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/infer)

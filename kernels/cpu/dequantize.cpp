@@ -12,7 +12,7 @@
 #include "infer/core/half.hpp"
 #include "infer/quant/gguf_blocks.hpp"
 
-namespace infer::cpu {
+namespace infer::kernels::cpu {
 namespace {
 
 /// Below this many values one thread is faster than starting more (a 28M-value embedding takes
@@ -115,4 +115,4 @@ void dequantize(DType type, std::span<const std::byte> src, std::span<float> dst
   throw UnsupportedError(detail::cat("dequantize: unknown type id ", static_cast<int>(type)));
 }
 
-}  // namespace infer::cpu
+}  // namespace infer::kernels::cpu

@@ -10,7 +10,7 @@
 #include "infer/quant/dequantize.hpp"
 #include "infer/quant/gguf_blocks.hpp"
 
-namespace infer::cuda {
+namespace infer::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
@@ -153,4 +153,4 @@ void dequantize(DType type, const void* src_device, std::uint16_t* dst_device, s
   run(type, src_device, dst_device, elems, stream, "bf16");
 }
 
-}  // namespace infer::cuda
+}  // namespace infer::kernels::cuda

@@ -88,7 +88,7 @@ TEST_CASE("CUDA dequantize matches the CPU reference for every type", "[cuda][qu
       INFO("type " << name(t) << ", " << elems << " values, output shifted by " << shift);
       const auto src = random_tensor(t, elems, rng);
       std::vector<float> ref(elems);
-      cpu::dequantize(t, src, ref);
+      kernels::cpu::dequantize(t, src, ref);
 
       DeviceBuffer d_src(src.size()), d_f32((elems + shift) * 4), d_bf16((elems + shift) * 2);
       CUDA_REQUIRE(cudaMemcpy(d_src.p, src.data(), src.size(), cudaMemcpyHostToDevice));
@@ -98,8 +98,8 @@ TEST_CASE("CUDA dequantize matches the CPU reference for every type", "[cuda][qu
 
       float* out32 = static_cast<float*>(d_f32.p) + shift;
       auto* out16 = static_cast<std::uint16_t*>(d_bf16.p) + shift;
-      cuda::dequantize(t, d_src.p, out32, elems, stream);
-      cuda::dequantize(t, d_src.p, out16, elems, stream);
+      kernels::cuda::dequantize(t, d_src.p, out32, elems, stream);
+      kernels::cuda::dequantize(t, d_src.p, out16, elems, stream);
       CUDA_REQUIRE(cudaStreamSynchronize(stream));
 
       std::vector<float> got32(elems + shift);
@@ -132,11 +132,11 @@ TEST_CASE("CUDA dequantize of a large tensor (grid-stride path)", "[cuda][quant]
   const std::size_t elems = std::size_t{256} * 40000;
   const auto src = random_tensor(DType::q4_k, elems, rng);
   std::vector<float> ref(elems);
-  cpu::dequantize(DType::q4_k, src, ref);
+  kernels::cpu::dequantize(DType::q4_k, src, ref);
   DeviceBuffer d_src(src.size()), d_out(elems * 4);
   CUDA_REQUIRE(cudaMemcpy(d_src.p, src.data(), src.size(), cudaMemcpyHostToDevice));
   CUDA_REQUIRE(cudaMemset(d_out.p, 0xff, elems * 4));
-  cuda::dequantize(DType::q4_k, d_src.p, static_cast<float*>(d_out.p), elems, nullptr);
+  kernels::cuda::dequantize(DType::q4_k, d_src.p, static_cast<float*>(d_out.p), elems, nullptr);
   CUDA_REQUIRE(cudaDeviceSynchronize());
   std::vector<float> got(elems);
   CUDA_REQUIRE(cudaMemcpy(got.data(), d_out.p, elems * 4, cudaMemcpyDeviceToHost));
@@ -146,13 +146,13 @@ TEST_CASE("CUDA dequantize of a large tensor (grid-stride path)", "[cuda][quant]
 TEST_CASE("CUDA dequantize rejects bad arguments", "[cuda][quant]") {
   DeviceBuffer src(1024), dst(1024);
   auto* out = static_cast<float*>(dst.p);
-  CHECK_THROWS_AS(cuda::dequantize(DType::q4_k, src.p, out, 100, nullptr), InvalidArgument);
-  CHECK_THROWS_WITH(cuda::dequantize(DType::q4_k, src.p, out, 100, nullptr),
+  CHECK_THROWS_AS(kernels::cuda::dequantize(DType::q4_k, src.p, out, 100, nullptr), InvalidArgument);
+  CHECK_THROWS_WITH(kernels::cuda::dequantize(DType::q4_k, src.p, out, 100, nullptr),
                     Catch::Contains("100 values") && Catch::Contains("block size 256"));
-  CHECK_THROWS_AS(cuda::dequantize(DType::q8_0, nullptr, out, 32, nullptr), InvalidArgument);
-  CHECK_THROWS_WITH(cuda::dequantize(DType::q8_0, src.p, static_cast<float*>(nullptr), 32, nullptr),
+  CHECK_THROWS_AS(kernels::cuda::dequantize(DType::q8_0, nullptr, out, 32, nullptr), InvalidArgument);
+  CHECK_THROWS_WITH(kernels::cuda::dequantize(DType::q8_0, src.p, static_cast<float*>(nullptr), 32, nullptr),
                     Catch::Contains("destination"));
-  CHECK_THROWS_AS(cuda::dequantize(DType::f32, static_cast<char*>(src.p) + 2, out, 4, nullptr), InvalidArgument);
-  CHECK_THROWS_AS(cuda::dequantize(DType::int8, src.p, out, 4, nullptr), UnsupportedError);
-  CHECK_NOTHROW(cuda::dequantize(DType::q8_0, nullptr, out, 0, nullptr));
+  CHECK_THROWS_AS(kernels::cuda::dequantize(DType::f32, static_cast<char*>(src.p) + 2, out, 4, nullptr), InvalidArgument);
+  CHECK_THROWS_AS(kernels::cuda::dequantize(DType::int8, src.p, out, 4, nullptr), UnsupportedError);
+  CHECK_NOTHROW(kernels::cuda::dequantize(DType::q8_0, nullptr, out, 0, nullptr));
 }

@@ -475,11 +475,11 @@ class File {
                                     tensors_.size(), " tensors)"));
   }
 
-  /// Host f32 copy of a tensor of any supported type. Uses infer::cpu::dequantize, so a program
+  /// Host f32 copy of a tensor of any supported type. Uses infer::kernels::cpu::dequantize, so a program
   /// calling this links infer::kernels.
   [[nodiscard]] std::vector<float> dequantize(const TensorInfo& t) const {
     std::vector<float> out(static_cast<std::size_t>(t.elements()));
-    cpu::dequantize(t.type, t.data, out);
+    kernels::cpu::dequantize(t.type, t.data, out);
     return out;
   }
 

@@ -13,7 +13,7 @@
 
 #include "infer/core/dtype.hpp"
 
-namespace infer::cpu {
+namespace infer::kernels::cpu {
 
 /// Decodes `dst.size()` values of `type` from `src` (raw little-endian bytes, any alignment).
 /// InvalidArgument when `dst.size()` is not a whole number of blocks or `src.size()` is not exactly
@@ -21,10 +21,10 @@ namespace infer::cpu {
 /// Large tensors are split over a few threads.
 void dequantize(DType type, std::span<const std::byte> src, std::span<float> dst);
 
-}  // namespace infer::cpu
+}  // namespace infer::kernels::cpu
 
 #if defined(INFER_HAVE_CUDA)
-namespace infer::cuda {
+namespace infer::kernels::cuda {
 
 /// Enqueues decoding of `elems` values of `type` at `src_device` into `dst_device` on `stream`
 /// (a cudaStream_t; nullptr = the legacy default stream). Asynchronous: the caller synchronizes.
@@ -35,5 +35,5 @@ void dequantize(DType type, const void* src_device, float* dst_device, std::size
 /// As above, writing bf16 bits (round to nearest even of the f32 result), the layout GEMM tiles use.
 void dequantize(DType type, const void* src_device, std::uint16_t* dst_device, std::size_t elems, void* stream);
 
-}  // namespace infer::cuda
+}  // namespace infer::kernels::cuda
 #endif

@@ -113,6 +113,7 @@ TEST_CASE("gguf config: the default SmolLM2-135M-Instruct model", "[model][gguf]
   CHECK(c.head_dim == 64);
   CHECK(c.vocab_size == 49152);
   CHECK(c.rope_theta == 100000.0f);
+  CHECK(c.rope_style == RopeStyle::interleaved);  // llama.cpp permuted the q/k rows
   CHECK(c.rope_scaling.kind == RopeScaling::Kind::none);
   CHECK(c.rms_norm_eps == 1e-5f);
   CHECK(c.max_position_embeddings == 8192);
@@ -154,6 +155,7 @@ TEST_CASE("gguf config: qwen2 with q/k/v biases", "[model][gguf]") {
   b.u32("tokenizer.ggml.bos_token_id", 7).u32("tokenizer.ggml.eos_token_id", 9);
   const auto c = config_of(b);
   CHECK(c.family == ModelFamily::qwen2);
+  CHECK(c.rope_style == RopeStyle::neox);
   CHECK(c.attention_bias);
   CHECK(c.rope_theta == 1e6f);
   CHECK(c.bos_token_id == std::optional<std::int64_t>(7));

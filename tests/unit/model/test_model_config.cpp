@@ -135,7 +135,8 @@ TEST_CASE("hf config: SmolLM2-135M-Instruct", "[model][config]") {
   const auto d = c.describe();
   CHECK_THAT(d, Contains("family: llama\n") && Contains("num_kv_heads: 3\n") && Contains("tie_word_embeddings: true\n") &&
                     Contains("eos_token_ids: [2]\n") && Contains("sliding_window: none\n"));
-  CHECK(c.fields().size() == 18);
+  CHECK(c.fields().size() == 19);
+  CHECK_THAT(d, Contains("rope_style: neox\n"));  // HF checkpoints rotate (i, i + head_dim/2)
   CHECK(c.fields().front() == std::pair<std::string, std::string>{"family", "llama"});
   CHECK_THAT(fixture_config("Llama-3.1-8B-Instruct").describe(),
              Contains("rope_scaling: llama3{factor=8, low_freq_factor=1, high_freq_factor=4, "

@@ -34,7 +34,7 @@ struct Bytes {
 
 std::vector<float> run(DType t, const std::vector<std::byte>& src, std::size_t n) {
   std::vector<float> out(n, std::numeric_limits<float>::quiet_NaN());
-  cpu::dequantize(t, src, out);
+  kernels::cpu::dequantize(t, src, out);
   return out;
 }
 
@@ -214,16 +214,16 @@ TEST_CASE("F16, BF16 and F32 decode exactly", "[quant]") {
 TEST_CASE("dequantize rejects sizes that disagree", "[quant]") {
   std::vector<float> out(32);
   std::vector<std::byte> src(33);
-  CHECK_THROWS_AS(cpu::dequantize(DType::q8_0, src, out), InvalidArgument);
-  CHECK_THROWS_WITH(cpu::dequantize(DType::q8_0, src, out),
+  CHECK_THROWS_AS(kernels::cpu::dequantize(DType::q8_0, src, out), InvalidArgument);
+  CHECK_THROWS_WITH(kernels::cpu::dequantize(DType::q8_0, src, out),
                     Catch::Contains("q8_0") && Catch::Contains("34 bytes") && Catch::Contains("33"));
   std::vector<float> odd(33);
-  CHECK_THROWS_WITH(cpu::dequantize(DType::q4_k, std::span<const std::byte>(), odd),
+  CHECK_THROWS_WITH(kernels::cpu::dequantize(DType::q4_k, std::span<const std::byte>(), odd),
                     Catch::Contains("not a multiple of the block size 256"));
   std::vector<float> two(2);
-  CHECK_THROWS_AS(cpu::dequantize(DType::f16, std::vector<std::byte>(3), two), InvalidArgument);
-  CHECK_THROWS_AS(cpu::dequantize(DType::int8, std::vector<std::byte>(2), two), UnsupportedError);
-  CHECK_NOTHROW(cpu::dequantize(DType::q6_k, std::span<const std::byte>(), std::span<float>()));
+  CHECK_THROWS_AS(kernels::cpu::dequantize(DType::f16, std::vector<std::byte>(3), two), InvalidArgument);
+  CHECK_THROWS_AS(kernels::cpu::dequantize(DType::int8, std::vector<std::byte>(2), two), UnsupportedError);
+  CHECK_NOTHROW(kernels::cpu::dequantize(DType::q6_k, std::span<const std::byte>(), std::span<float>()));
 }
 
 TEST_CASE("unaligned sources decode like aligned ones", "[quant]") {
@@ -239,7 +239,7 @@ TEST_CASE("unaligned sources decode like aligned ones", "[quant]") {
   std::vector<std::byte> aligned(buf.begin() + 1, buf.end());
   const auto a = run(DType::q4_k, aligned, 768);
   std::vector<float> u(768);
-  cpu::dequantize(DType::q4_k, std::span<const std::byte>(buf).subspan(1), u);
+  kernels::cpu::dequantize(DType::q4_k, std::span<const std::byte>(buf).subspan(1), u);
   CHECK(a == u);
 }
 

@@ -1,0 +1,239 @@
+#pragma once
+/// \file
+/// `LlamaModel<B, Q, Attn>`: the decoder shared by Llama 1-3, SmolLM/SmolLM2, Mistral and Qwen2
+/// (q/k/v biases), computing in f32. `infer::llama` is its Model tag for `Engine<Backend, Model, ...>`.
+///
+/// One `forward` computes a whole engine step: the tokens of every chunk (decodes and prefill pieces
+/// of several sequences) are stacked into one [T][hidden] activation so each projection is a single
+/// GEMM over all T rows; only attention runs per chunk, through the Attn policy's view of the
+/// sequence's KV blocks. Per layer:
+///   x → RMSNorm → q, k, v (+ biases) → RoPE(q, k) → write k, v to the cache → attention → o_proj → +x
+///     → RMSNorm → silu(gate) · up → down_proj → +x
+/// then the final RMSNorm and the LM head on the rows that sample only (one per sampling chunk).
+///
+/// Scratch buffers live in the model and grow to the largest step seen, so a steady-state step
+/// allocates nothing. A model is therefore not safe to call from two threads at once.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "infer/concepts.hpp"
+#include "infer/core/backend.hpp"
+#include "infer/core/error.hpp"
+#include "infer/kernels/cpu_ops.hpp"
+#include "infer/model/forward_batch.hpp"
+#include "infer/model/kv_cache.hpp"
+#include "infer/model/llama_weights.hpp"
+#include "infer/model/model_config.hpp"
+#include "infer/model/model_source.hpp"
+#include "infer/quant/f32.hpp"
+
+namespace infer {
+
+/// Chosen when no specialisation matches: says which of the three arguments is the problem.
+template <class B, class Q, class Attn>
+class LlamaModel {
+  static_assert(Backend<B>, "LlamaModel<B, Q, Attn>: B must be a backend tag (infer::cpu or infer::cuda)");
+  static_assert(!Backend<B> || Quantizer<Q, B>,
+                "LlamaModel<B, Q, Attn>: Q is not a Quantizer for backend B (see infer::Quantizer in concepts.hpp)");
+  static_assert(!Backend<B> || AttentionKernel<Attn, B>,
+                "LlamaModel<B, Q, Attn>: Attn is not an AttentionKernel for backend B (see infer::AttentionKernel)");
+  static_assert(!(Backend<B> && Quantizer<Q, B> && AttentionKernel<Attn, B>),
+                "LlamaModel<B, Q, Attn>: this backend has no decoder yet (only infer::cpu is implemented)");
+};
+
+template <class Q, class Attn>
+  requires Quantizer<Q, cpu> && AttentionKernel<Attn, cpu>
+class LlamaModel<cpu, Q, Attn> {
+ public:
+  /// Loads every weight (see load_llama_weights). Throws what the loaders throw, naming the tensor.
+  static LlamaModel load(const ModelSource& src) { return LlamaModel(src.config(), load_llama_weights<Q, cpu>(src)); }
+
+  [[nodiscard]] const ModelConfig& config() const noexcept { return config_; }
+
+  /// KV-cache bytes one token occupies across all layers (K and V, f32).
+  [[nodiscard]] std::size_t kv_bytes_per_token() const noexcept {
+    return static_cast<std::size_t>(config_.num_layers) * 2 * static_cast<std::size_t>(config_.kv_size()) *
+           sizeof(float);
+  }
+
+  /// Computes every chunk (all chunks' tokens batched through the GEMMs), writes their K/V into
+  /// `cache` (block size = cache.block_size()), and fills `logits` with [number of chunks with
+  /// samples][vocab] rows in chunk order. InvalidArgument (nothing written) when a chunk is empty,
+  /// holds a token outside the vocabulary, or reaches past its block table or the cache; a cache
+  /// built for another shape; UnsupportedError past Mistral's sliding window (not implemented).
+  void forward(std::span<const ForwardChunk> chunks, KvCache<cpu>& cache, std::vector<float>& logits) {
+    const std::int64_t T = validate(chunks, cache);
+    const std::int64_t H = config_.hidden_size, qs = config_.q_size(), kvs = config_.kv_size();
+    const std::int64_t inter = config_.intermediate_size, V = config_.vocab_size;
+    grow(T);
+
+    // Embedding rows and positions, in chunk order.
+    std::int64_t row = 0, samples = 0;
+    for (const auto& c : chunks) {
+      for (std::size_t i = 0; i < c.tokens.size(); ++i, ++row) {
+        std::memcpy(&x_[static_cast<std::size_t>(row * H)],
+                    w_.token_embd.data() + static_cast<std::size_t>(c.tokens[i]) * static_cast<std::size_t>(H),
+                    static_cast<std::size_t>(H) * sizeof(float));
+        pos_[static_cast<std::size_t>(row)] = c.start + static_cast<std::int32_t>(i);
+      }
+      if (c.samples) sample_rows_[static_cast<std::size_t>(samples++)] = static_cast<std::int32_t>(row - 1);
+    }
+    kernels::cpu::rope_table(pos_.data(), T, inv_freq_.data(), config_.head_dim / 2, cos_sin_.data());
+
+    const auto rows = static_cast<std::int32_t>(T);
+    const std::int32_t bs = cache.block_size();
+    for (std::size_t l = 0; l < w_.layers.size(); ++l) {
+      const auto& L = w_.layers[l];
+      const auto layer = static_cast<std::int32_t>(l);
+      // ---- attention
+      kernels::cpu::rms_norm(x_.data(), L.attn_norm.data(), xn_.data(), T, H, config_.rms_norm_eps);
+      Q::matmul(cpu{}, L.q, xn_.data(), rows, q_.data());
+      Q::matmul(cpu{}, L.k, xn_.data(), rows, k_.data());
+      Q::matmul(cpu{}, L.v, xn_.data(), rows, v_.data());
+      if (config_.attention_bias) {
+        kernels::cpu::add_bias(q_.data(), L.q_bias.data(), T, qs);
+        kernels::cpu::add_bias(k_.data(), L.k_bias.data(), T, kvs);
+        kernels::cpu::add_bias(v_.data(), L.v_bias.data(), T, kvs);
+      }
+      kernels::cpu::rope(q_.data(), T, config_.num_heads, config_.head_dim, cos_sin_.data(), config_.rope_style);
+      kernels::cpu::rope(k_.data(), T, config_.num_kv_heads, config_.head_dim, cos_sin_.data(), config_.rope_style);
+
+      std::int64_t first = 0;
+      for (const auto& c : chunks) {
+        const auto view = Attn::template make_view<float>(cache.k(layer), cache.v(layer), c.block_table, bs,
+                                                          shape_.num_kv_heads, shape_.head_dim);
+        const auto n = static_cast<std::int32_t>(c.tokens.size());
+        for (std::int32_t i = 0; i < n; ++i) {
+          const auto r = static_cast<std::size_t>(first + i);
+          for (std::int32_t h = 0; h < shape_.num_kv_heads; ++h) {
+            const std::size_t off = r * static_cast<std::size_t>(kvs) + static_cast<std::size_t>(h * shape_.head_dim);
+            std::memcpy(view.k_at(c.start + i, h), &k_[off], static_cast<std::size_t>(shape_.head_dim) * sizeof(float));
+            std::memcpy(view.v_at(c.start + i, h), &v_[off], static_cast<std::size_t>(shape_.head_dim) * sizeof(float));
+          }
+        }
+        Attn::attend(cpu{}, shape_, &q_[static_cast<std::size_t>(first * qs)], &att_[static_cast<std::size_t>(first * qs)],
+                     c.start, n, view);
+        first += n;
+      }
+      Q::matmul(cpu{}, L.o, att_.data(), rows, tmp_.data());
+      kernels::cpu::add(x_.data(), tmp_.data(), static_cast<std::size_t>(T * H));
+
+      // ---- MLP
+      kernels::cpu::rms_norm(x_.data(), L.ffn_norm.data(), xn_.data(), T, H, config_.rms_norm_eps);
+      Q::matmul(cpu{}, L.gate, xn_.data(), rows, gate_.data());
+      Q::matmul(cpu{}, L.up, xn_.data(), rows, up_.data());
+      kernels::cpu::swiglu(gate_.data(), up_.data(), static_cast<std::size_t>(T * inter));
+      Q::matmul(cpu{}, L.down, gate_.data(), rows, tmp_.data());
+      kernels::cpu::add(x_.data(), tmp_.data(), static_cast<std::size_t>(T * H));
+    }
+
+    // ---- final norm and LM head, on the sampled rows only
+    logits.resize(static_cast<std::size_t>(samples * V));
+    if (samples == 0) return;
+    for (std::int64_t s = 0; s < samples; ++s)
+      std::memcpy(&last_[static_cast<std::size_t>(s * H)], &x_[static_cast<std::size_t>(sample_rows_[s] * H)],
+                  static_cast<std::size_t>(H) * sizeof(float));
+    kernels::cpu::rms_norm(last_.data(), w_.output_norm.data(), last_.data(), samples, H, config_.rms_norm_eps);
+    const auto srows = static_cast<std::int32_t>(samples);
+    if (w_.output) Q::matmul(cpu{}, *w_.output, last_.data(), srows, logits.data());
+    else F32::matmul(cpu{}, w_.token_embd, last_.data(), srows, logits.data());
+  }
+
+ private:
+  LlamaModel(const ModelConfig& c, LlamaWeights<Q, cpu> w)
+      : config_(c), w_(std::move(w)), inv_freq_(rope_inv_freq(c)) {
+    shape_.num_heads = static_cast<std::int32_t>(c.num_heads);
+    shape_.num_kv_heads = static_cast<std::int32_t>(c.num_kv_heads);
+    shape_.head_dim = static_cast<std::int32_t>(c.head_dim);
+    shape_.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  }
+
+  /// Checks the step before anything is written; returns the total number of tokens.
+  std::int64_t validate(std::span<const ForwardChunk> chunks, const KvCache<cpu>& cache) const {
+    using detail::cat;
+    require<InvalidArgument>(cache.num_layers() == config_.num_layers && cache.kv_heads() == shape_.num_kv_heads &&
+                                 cache.head_dim() == shape_.head_dim,
+                             "LlamaModel::forward: the KV cache has ", cache.num_layers(), " layers of ",
+                             cache.kv_heads(), " heads x ", cache.head_dim(), "; this model needs ",
+                             config_.num_layers, " layers of ", shape_.num_kv_heads, " x ", shape_.head_dim);
+    const std::int64_t bs = cache.block_size();
+    std::int64_t total = 0;
+    for (std::size_t ci = 0; ci < chunks.size(); ++ci) {
+      const ForwardChunk& c = chunks[ci];
+      const auto n = static_cast<std::int64_t>(c.tokens.size());
+      if (n == 0) throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " has no tokens"));
+      if (c.start < 0) throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " starts at ", c.start));
+      for (std::size_t i = 0; i < c.tokens.size(); ++i)
+        if (c.tokens[i] < 0 || c.tokens[i] >= config_.vocab_size)
+          throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " token ", i, " is id ", c.tokens[i],
+                                    ", outside the vocabulary [0, ", config_.vocab_size, ")"));
+      const std::int64_t end = c.start + n;
+      if (end > std::numeric_limits<std::int32_t>::max())
+        throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " reaches position ", end));
+      if (config_.sliding_window && end > *config_.sliding_window)
+        throw UnsupportedError(cat("LlamaModel::forward: chunk ", ci, " reaches position ", end,
+                                   ", beyond the model's sliding window of ", *config_.sliding_window,
+                                   " tokens; sliding-window attention is not implemented yet"));
+      // Blocks the chunk's positions touch: paged, one table entry per block_size tokens; contiguous,
+      // one slot ({slot}) of block_size tokens.
+      const std::int64_t needed = Attn::layout == KvLayout::paged ? (end + bs - 1) / bs : 1;
+      if (static_cast<std::int64_t>(c.block_table.size()) * bs < end || std::ssize(c.block_table) < needed)
+        throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " reaches position ", end, " but its block table ",
+                                  "holds ", c.block_table.size(), " blocks of ", bs, " tokens"));
+      for (std::int64_t b = 0; b < needed; ++b)
+        if (c.block_table[static_cast<std::size_t>(b)] < 0 || c.block_table[static_cast<std::size_t>(b)] >= cache.num_blocks())
+          throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " block table entry ", b, " = ",
+                                    c.block_table[static_cast<std::size_t>(b)], " is outside the cache's ",
+                                    cache.num_blocks(), " blocks"));
+      total += n;
+    }
+    require<InvalidArgument>(total <= std::numeric_limits<std::int32_t>::max(), "LlamaModel::forward: ", total,
+                             " tokens in one step");
+    return total;
+  }
+
+  /// Grows the scratch buffers to hold `T` token rows (never shrinks them).
+  void grow(std::int64_t T) {
+    if (T <= capacity_) return;
+    const auto n = [&](std::int64_t width) { return static_cast<std::size_t>(T * width); };
+    x_.resize(n(config_.hidden_size));
+    xn_.resize(n(config_.hidden_size));
+    tmp_.resize(n(config_.hidden_size));
+    last_.resize(n(config_.hidden_size));
+    q_.resize(n(config_.q_size()));
+    att_.resize(n(config_.q_size()));
+    k_.resize(n(config_.kv_size()));
+    v_.resize(n(config_.kv_size()));
+    gate_.resize(n(config_.intermediate_size));
+    up_.resize(n(config_.intermediate_size));
+    cos_sin_.resize(n(config_.head_dim));
+    pos_.resize(n(1));
+    sample_rows_.resize(n(1));
+    capacity_ = T;
+  }
+
+  ModelConfig config_;
+  LlamaWeights<Q, cpu> w_;
+  std::vector<float> inv_freq_;
+  AttentionShape shape_;
+
+  std::int64_t capacity_ = 0;  ///< token rows the scratch buffers hold
+  std::vector<float> x_, xn_, tmp_, last_, q_, att_, k_, v_, gate_, up_, cos_sin_;
+  std::vector<std::int32_t> pos_, sample_rows_;
+};
+
+/// The Model tag of `Engine<Backend, Model, ...>`: the Llama-family decoder.
+struct llama {
+  template <class B, class Q, class Attn>
+  using decoder = LlamaModel<B, Q, Attn>;
+};
+
+}  // namespace infer

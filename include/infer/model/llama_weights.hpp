@@ -1,0 +1,123 @@
+#pragma once
+/// \file
+/// The weights of the Llama-family decoder, loaded from a ModelSource by canonical role. Linear
+/// layers go through the Quantizer (`Q::load<B>`), which decides their storage; norms, biases and
+/// the token embedding are decoded to f32 once (the embedding may be quantized in the file, e.g. Q8_0
+/// in SmolLM2; a gather reads single rows, which no GEMM layout helps with). Every shape is checked
+/// against the ModelConfig here, so the forward pass can trust them.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "infer/concepts.hpp"
+#include "infer/core/error.hpp"
+#include "infer/model/model_config.hpp"
+#include "infer/model/model_source.hpp"
+#include "infer/quant/f32.hpp"
+#include "infer/quant/weight_tensor.hpp"
+
+namespace infer {
+
+/// One decoder layer. Biases are empty unless the config has attention_bias (Qwen2).
+template <class Q, class B>
+struct LlamaLayerWeights {
+  std::vector<float> attn_norm;  ///< [hidden]
+  typename Q::template linear<B> q, k, v, o;
+  std::vector<float> q_bias, k_bias, v_bias;  ///< [q_size], [kv_size], [kv_size]
+  std::vector<float> ffn_norm;                ///< [hidden]
+  typename Q::template linear<B> gate, up, down;
+};
+
+/// Host-side (B = cpu) weights. The embedding is an F32 linear [vocab][hidden]: rows are gathered for
+/// the input, and a tied LM head multiplies with the same matrix (no second copy).
+template <class Q, class B>
+struct LlamaWeights {
+  F32::linear<cpu> token_embd;
+  std::vector<float> output_norm;                       ///< [hidden]
+  std::optional<typename Q::template linear<B>> output;  ///< nullopt: tied to token_embd
+  std::vector<LlamaLayerWeights<Q, B>> layers;
+};
+
+namespace detail {
+
+inline std::string shape_text(const std::vector<std::uint64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+/// FormatError naming the model, the tensor, and both shapes.
+[[noreturn]] inline void wrong_shape(const ModelSource& src, const WeightTensor& t, std::string_view role,
+                                     const std::string& expected) {
+  throw FormatError(cat(src.describe(), ": tensor '", t.name, "' (", role, ") has shape ", shape_text(t.shape),
+                        ", expected ", expected, " from the model config"));
+}
+
+/// A 1-D f32 vector of `n` values (a norm weight or a bias).
+inline std::vector<float> load_vector(const ModelSource& src, const std::string& role, std::int64_t n) {
+  const WeightTensor t = src.get(role);
+  if (t.elements() != static_cast<std::uint64_t>(n) || t.shape.size() != 1)
+    wrong_shape(src, t, role, cat("[", n, "]"));
+  std::vector<float> v(static_cast<std::size_t>(n));
+  dequantize_to_f32(t, v);
+  return v;
+}
+
+/// A linear layer [out, in] through the Quantizer, shape-checked before and after loading.
+template <class Q, class B>
+typename Q::template linear<B> load_linear(const ModelSource& src, const std::string& role, std::int64_t out,
+                                           std::int64_t in) {
+  const WeightTensor t = src.get(role);
+  if (t.shape.size() != 2 || t.shape[0] != static_cast<std::uint64_t>(out) ||
+      t.shape[1] != static_cast<std::uint64_t>(in))
+    wrong_shape(src, t, role, cat("[", out, ", ", in, "]"));
+  auto w = Q::template load<B>(t);
+  require<FormatError>(static_cast<std::int64_t>(w.out()) == out && static_cast<std::int64_t>(w.in()) == in,
+                       Q::name, "::load of tensor '", t.name, "' gave [", w.out(), ", ", w.in(), "], expected [",
+                       out, ", ", in, "]");
+  return w;
+}
+
+}  // namespace detail
+
+/// Loads every weight of the decoder described by `src.config()`. NotFoundError names a missing
+/// tensor, FormatError one of the wrong shape; InvalidArgument/UnsupportedError come from Q::load.
+template <class Q, class B>
+  requires Quantizer<Q, B>
+LlamaWeights<Q, B> load_llama_weights(const ModelSource& src) {
+  using detail::cat;
+  const ModelConfig& c = src.config();
+  const std::int64_t hidden = c.hidden_size, inter = c.intermediate_size;
+  LlamaWeights<Q, B> w;
+  w.token_embd = detail::load_linear<F32, cpu>(src, "token_embd", c.vocab_size, hidden);
+  w.output_norm = detail::load_vector(src, "output_norm", hidden);
+  if (!c.tie_word_embeddings) w.output.emplace(detail::load_linear<Q, B>(src, "output", c.vocab_size, hidden));
+  w.layers.reserve(static_cast<std::size_t>(c.num_layers));
+  for (std::int64_t i = 0; i < c.num_layers; ++i) {
+    const auto role = [&](const char* name) { return cat("blk.", i, ".", name); };
+    auto bias = [&](const char* name, std::int64_t n) {
+      return c.attention_bias ? detail::load_vector(src, role(name), n) : std::vector<float>{};
+    };
+    w.layers.push_back(LlamaLayerWeights<Q, B>{
+        .attn_norm = detail::load_vector(src, role("attn_norm"), hidden),
+        .q = detail::load_linear<Q, B>(src, role("attn_q"), c.q_size(), hidden),
+        .k = detail::load_linear<Q, B>(src, role("attn_k"), c.kv_size(), hidden),
+        .v = detail::load_linear<Q, B>(src, role("attn_v"), c.kv_size(), hidden),
+        .o = detail::load_linear<Q, B>(src, role("attn_output"), hidden, c.q_size()),
+        .q_bias = bias("attn_q.bias", c.q_size()),
+        .k_bias = bias("attn_k.bias", c.kv_size()),
+        .v_bias = bias("attn_v.bias", c.kv_size()),
+        .ffn_norm = detail::load_vector(src, role("ffn_norm"), hidden),
+        .gate = detail::load_linear<Q, B>(src, role("ffn_gate"), inter, hidden),
+        .up = detail::load_linear<Q, B>(src, role("ffn_up"), inter, hidden),
+        .down = detail::load_linear<Q, B>(src, role("ffn_down"), hidden, inter),
+    });
+  }
+  return w;
+}
+
+}  // namespace infer

@@ -1,0 +1,82 @@
+#pragma once
+/// \file
+/// `ModelSource`: a model on disk, whatever the format — one GGUF file, or a Hugging Face folder
+/// (config.json + model.safetensors or a sharded index, and tokenizer.json when present). The decoder
+/// asks for weights by *canonical role* and never sees a file's own tensor names:
+///
+///   role                    GGUF name                  HF name
+///   token_embd              token_embd.weight          model.embed_tokens.weight
+///   output_norm             output_norm.weight         model.norm.weight
+///   output                  output.weight              lm_head.weight          (absent when tied)
+///   blk.{i}.attn_norm       blk.{i}.attn_norm.weight   model.layers.{i}.input_layernorm.weight
+///   blk.{i}.attn_q|k|v      blk.{i}.attn_q.weight ...  model.layers.{i}.self_attn.q_proj.weight ...
+///   blk.{i}.attn_output     blk.{i}.attn_output.weight model.layers.{i}.self_attn.o_proj.weight
+///   blk.{i}.ffn_norm        blk.{i}.ffn_norm.weight    model.layers.{i}.post_attention_layernorm.weight
+///   blk.{i}.ffn_gate|up|down blk.{i}.ffn_gate.weight   model.layers.{i}.mlp.gate_proj.weight ...
+///   <linear role>.bias      <GGUF name>.bias           <HF name>.bias
+///
+/// WeightTensor shapes are row-major slowest-first ([out, in]); GGUF lists dimensions fastest-first,
+/// so they are reversed here, once, and nowhere else.
+///
+/// The implementation is compiled (kernels/cpu/model_source.cpp, in infer::kernels), so the file
+/// readers stay out of every translation unit that uses a model.
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "infer/model/model_config.hpp"
+#include "infer/quant/weight_tensor.hpp"
+#include "infer/tokenizer/tokenizer.hpp"
+
+namespace infer {
+
+namespace gguf {
+class File;
+}
+
+class ModelSource {
+ public:
+  /// `path` is a .gguf file or a Hugging Face model folder (config.json, model.safetensors or
+  /// model.safetensors.index.json, optionally tokenizer.json). IoError / FormatError /
+  /// UnsupportedError / NotFoundError from the readers, each naming the file concerned.
+  static ModelSource open(const std::filesystem::path& path);
+
+  ModelSource(ModelSource&&) noexcept;
+  ModelSource& operator=(ModelSource&&) noexcept;
+  ~ModelSource();
+
+  [[nodiscard]] const ModelConfig& config() const noexcept;
+
+  /// The weight of canonical `role`, or nullopt when the file has none ("output" of a tied model is
+  /// always absent, even where a checkpoint also stores lm_head.weight). Its bytes are views into the
+  /// mapped file: valid while this ModelSource lives. InvalidArgument for a name that is not a
+  /// canonical role (a typo is the caller's bug, not a missing tensor).
+  [[nodiscard]] std::optional<WeightTensor> find(std::string_view role) const;
+
+  /// As find(), but NotFoundError naming the role, the file's own name for it and the model.
+  [[nodiscard]] WeightTensor get(std::string_view role) const;
+
+  /// The file's own name for canonical `role` (e.g. "model.layers.3.self_attn.q_proj.weight").
+  [[nodiscard]] std::string file_name(std::string_view role) const;
+
+  /// The tokenizer the model ships with; nullptr when it has none.
+  [[nodiscard]] const Tokenizer* tokenizer() const noexcept;
+
+  /// "GGUF 'path'" or "safetensors folder 'path'", for messages.
+  [[nodiscard]] std::string describe() const;
+
+  [[nodiscard]] const std::filesystem::path& path() const noexcept;
+  /// The underlying GGUF file (nullptr for an HF folder), for metadata beyond the config. Using it
+  /// needs infer/io/gguf.hpp.
+  [[nodiscard]] const gguf::File* gguf_file() const noexcept;
+
+ private:
+  struct Impl;
+  explicit ModelSource(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace infer

@@ -1,0 +1,163 @@
+// ModelSource: canonical weight roles over a GGUF file or a Hugging Face safetensors folder.
+// Compiled here, not in the header, so that the file readers (GGUF, safetensors, tokenizer loaders)
+// stay out of every translation unit that only uses a model.
+#include "infer/model/model_source.hpp"
+
+#include <array>
+#include <charconv>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "infer/core/error.hpp"
+#include "infer/io/gguf.hpp"
+#include "infer/io/safetensors.hpp"
+#include "infer/model/gguf_config.hpp"
+#include "infer/model/hf_config.hpp"
+#include "infer/tokenizer/gguf_vocab.hpp"
+
+namespace infer {
+namespace {
+
+using detail::cat;
+
+struct RoleName {
+  std::string_view canonical, hf;
+  bool linear;  ///< may carry a ".bias"
+};
+
+constexpr std::array<RoleName, 3> kGlobalRoles{{
+    {"token_embd", "model.embed_tokens", false},
+    {"output_norm", "model.norm", false},
+    {"output", "lm_head", true},
+}};
+
+constexpr std::array<RoleName, 9> kLayerRoles{{
+    {"attn_norm", "input_layernorm", false},
+    {"attn_q", "self_attn.q_proj", true},
+    {"attn_k", "self_attn.k_proj", true},
+    {"attn_v", "self_attn.v_proj", true},
+    {"attn_output", "self_attn.o_proj", true},
+    {"ffn_norm", "post_attention_layernorm", false},
+    {"ffn_gate", "mlp.gate_proj", true},
+    {"ffn_up", "mlp.up_proj", true},
+    {"ffn_down", "mlp.down_proj", true},
+}};
+
+/// A parsed canonical role: a per-layer one has `layer` >= 0.
+struct Role {
+  std::int64_t layer = -1;
+  const RoleName* name = nullptr;
+  bool bias = false;
+};
+
+Role parse_role(std::string_view role) {
+  auto bad = [&]() {
+    return InvalidArgument(cat("model role '", role,
+                               "' is not a canonical role: expected token_embd, output_norm, output, or "
+                               "blk.<layer>.<attn_norm|attn_q|attn_k|attn_v|attn_output|ffn_norm|ffn_gate|ffn_up|"
+                               "ffn_down>, a linear one optionally followed by .bias"));
+  };
+  Role r;
+  std::string_view rest = role;
+  constexpr std::string_view bias_suffix = ".bias";
+  if (rest.size() > bias_suffix.size() && rest.substr(rest.size() - bias_suffix.size()) == bias_suffix) {
+    r.bias = true;
+    rest.remove_suffix(bias_suffix.size());
+  }
+  if (rest.starts_with("blk.")) {
+    rest.remove_prefix(4);
+    const auto dot = rest.find('.');
+    if (dot == std::string_view::npos || dot == 0) throw bad();
+    std::int64_t layer = 0;
+    const auto [ptr, ec] = std::from_chars(rest.data(), rest.data() + dot, layer);
+    if (ec != std::errc{} || ptr != rest.data() + dot || layer < 0) throw bad();
+    r.layer = layer;
+    rest.remove_prefix(dot + 1);
+    for (const auto& n : kLayerRoles)
+      if (n.canonical == rest) r.name = &n;
+  } else {
+    for (const auto& n : kGlobalRoles)
+      if (n.canonical == rest) r.name = &n;
+  }
+  if (!r.name || (r.bias && !r.name->linear)) throw bad();
+  return r;
+}
+
+}  // namespace
+
+struct ModelSource::Impl {
+  std::filesystem::path path;
+  ModelConfig config;
+  std::optional<gguf::File> gguf;
+  std::optional<safetensors::Checkpoint> checkpoint;
+  std::optional<Tokenizer> tokenizer;
+
+  [[nodiscard]] std::string name_of(const Role& r) const {
+    const char* suffix = r.bias ? ".bias" : ".weight";
+    if (gguf)
+      return r.layer < 0 ? cat(r.name->canonical, suffix) : cat("blk.", r.layer, ".", r.name->canonical, suffix);
+    return r.layer < 0 ? cat(r.name->hf, suffix) : cat("model.layers.", r.layer, ".", r.name->hf, suffix);
+  }
+};
+
+ModelSource::ModelSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ModelSource::ModelSource(ModelSource&&) noexcept = default;
+ModelSource& ModelSource::operator=(ModelSource&&) noexcept = default;
+ModelSource::~ModelSource() = default;
+
+ModelSource ModelSource::open(const std::filesystem::path& path) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    impl->checkpoint.emplace(safetensors::Checkpoint::open(path));
+    impl->config = load_hf_config(path);
+    const auto tok = path / "tokenizer.json";
+    if (std::filesystem::exists(tok, ec)) impl->tokenizer.emplace(Tokenizer::from_hf_json(tok));
+  } else {
+    impl->gguf.emplace(gguf::File::open(path));
+    impl->config = from_gguf(*impl->gguf);
+    // A GGUF without tokenizer metadata (converted weights only) runs on token ids.
+    if (impl->gguf->find("tokenizer.ggml.tokens")) impl->tokenizer.emplace(Tokenizer::from_gguf(*impl->gguf));
+  }
+  return ModelSource(std::move(impl));
+}
+
+const ModelConfig& ModelSource::config() const noexcept { return impl_->config; }
+
+std::optional<WeightTensor> ModelSource::find(std::string_view role) const {
+  const Role r = parse_role(role);
+  if (r.layer < 0 && r.name->canonical == "output" && impl_->config.tie_word_embeddings) return std::nullopt;
+  const std::string fname = impl_->name_of(r);
+  if (impl_->gguf) {
+    const gguf::TensorInfo* t = impl_->gguf->find_tensor(fname);
+    if (!t) return std::nullopt;
+    return WeightTensor{t->name, t->type, std::vector<std::uint64_t>(t->shape.rbegin(), t->shape.rend()), t->data};
+  }
+  const safetensors::Tensor* t = impl_->checkpoint->find(fname);
+  if (!t) return std::nullopt;
+  return WeightTensor{t->name, t->dtype, t->shape, t->data};
+}
+
+WeightTensor ModelSource::get(std::string_view role) const {
+  if (auto w = find(role)) return std::move(*w);
+  const Role r = parse_role(role);
+  const bool tied = r.layer < 0 && r.name->canonical == "output" && impl_->config.tie_word_embeddings;
+  throw NotFoundError(cat("weight '", role, "' (tensor '", impl_->name_of(r), "') is not in ", describe(),
+                          tied ? " (the model ties its LM head to token_embd)" : ""));
+}
+
+std::string ModelSource::file_name(std::string_view role) const { return impl_->name_of(parse_role(role)); }
+
+const Tokenizer* ModelSource::tokenizer() const noexcept { return impl_->tokenizer ? &*impl_->tokenizer : nullptr; }
+
+std::string ModelSource::describe() const {
+  return cat(impl_->gguf ? "GGUF '" : "safetensors folder '", impl_->path.string(), "'");
+}
+
+const std::filesystem::path& ModelSource::path() const noexcept { return impl_->path; }
+
+const gguf::File* ModelSource::gguf_file() const noexcept { return impl_->gguf ? &*impl_->gguf : nullptr; }
+
+}  // namespace infer
