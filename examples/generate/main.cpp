@@ -1,0 +1,213 @@
+// infer-generate: offline batch generation on the CPU backend (the infer::LLM API as a program).
+//
+//   infer-generate --model MODEL "prompt one" "prompt two" [--chat] [sampling flags] [--json]
+//   infer-generate --model MODEL --prompts FILE            one prompt per line, or JSONL lines
+//                                                          {"prompt": "..."} / {"messages": [{"role", "content"}]}
+// --engine paged|static and --block-size 8|16|32 choose the compiled engine; --json prints one document
+// with every request's tokens, text, finish reason and timings, the run's summary and KV-cache statistics.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "infer/engine/llm.hpp"
+
+using nlohmann::json;
+
+namespace {
+
+struct Prompt {
+  std::string text;                         // a plain prompt, or the user turn with --chat
+  std::vector<infer::ChatMessage> messages;  // set for chat prompts
+};
+
+std::vector<Prompt> read_prompts(const std::string& path, bool chat) {
+  std::ifstream in(path);
+  if (!in) throw infer::IoError(infer::detail::cat("cannot read --prompts '", path, "'"));
+  std::vector<Prompt> out;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    if (line.front() != '{') {
+      out.push_back({line, chat ? std::vector<infer::ChatMessage>{{"user", line}} : std::vector<infer::ChatMessage>{}});
+      continue;
+    }
+    const auto where = infer::detail::cat("--prompts '", path, "' line ", n);
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      throw infer::InvalidArgument(infer::detail::cat(where, ": not valid JSON (", e.what(), ")"));
+    }
+    if (j.contains("messages")) {
+      Prompt p;
+      if (!j["messages"].is_array()) throw infer::InvalidArgument(where + ": \"messages\" must be an array");
+      for (const auto& m : j["messages"]) {
+        if (!m.is_object() || !m.value("role", json()).is_string() || !m.value("content", json()).is_string())
+          throw infer::InvalidArgument(where + ": each message needs string \"role\" and \"content\"");
+        p.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      }
+      out.push_back(std::move(p));
+    } else if (j.contains("prompt") && j["prompt"].is_string()) {
+      const auto text = j["prompt"].get<std::string>();
+      out.push_back({text, chat ? std::vector<infer::ChatMessage>{{"user", text}} : std::vector<infer::ChatMessage>{}});
+    } else {
+      throw infer::InvalidArgument(where + ": expected {\"prompt\": string} or {\"messages\": [...]}");
+    }
+  }
+  return out;
+}
+
+/// "512M", "2G", "1048576" → bytes.
+std::size_t parse_bytes(const std::string& s) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = s.substr(used);
+  double mult = unit.empty() ? 1 : unit == "K" || unit == "KiB" ? 1024.0
+                                 : unit == "M" || unit == "MiB" ? 1048576.0
+                                 : unit == "G" || unit == "GiB" ? 1073741824.0 : -1;
+  if (used == 0 || mult < 0 || v <= 0)
+    throw infer::InvalidArgument(infer::detail::cat("--kv-cache-memory '", s, "' is not a size like 512M or 2G"));
+  return static_cast<std::size_t>(v * mult);
+}
+
+json kv_json(const infer::KvStats& k) {
+  return {{"block_size", k.block_size},         {"total_blocks", k.total_blocks},
+          {"free_blocks", k.free_blocks},       {"cached_blocks", k.cached_blocks},
+          {"used_blocks", k.used_blocks},       {"tokens_stored", k.tokens_stored},
+          {"live_sequences", k.live_sequences}, {"wasted_slots", k.wasted_slots()},
+          {"prefix_queried_tokens", k.prefix_queried_tokens}, {"prefix_hit_tokens", k.prefix_hit_tokens},
+          {"evictions", k.evictions}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Generate completions for a batch of prompts", "infer-generate"};
+  std::string model, prompts_file, kv_memory;
+  std::vector<std::string> prompt_args;
+  bool chat = false, as_json = false, no_prefix_caching = false;
+  infer::LlmOptions opt;
+  infer::SamplingParams sp;
+  sp.max_tokens = 64;
+  std::optional<std::uint64_t> seed;
+  app.add_option("--model,-m", model, "a .gguf file or a Hugging Face model folder")->required();
+  app.add_option("prompts", prompt_args, "prompts (or use --prompts FILE)");
+  app.add_option("--prompts", prompts_file, "a file: one prompt per line, or JSONL {\"prompt\"} / {\"messages\"}");
+  app.add_flag("--chat", chat, "wrap each plain prompt as a user turn of the model's chat template");
+  app.add_option("--chat-template", opt.chat_template, "built-in template to use instead of the model's");
+  app.add_option("--engine", opt.engine, "paged (continuous batching) or static (fixed shape)")
+      ->check(CLI::IsMember({"paged", "static"}));
+  app.add_option("--block-size", opt.block_size, "paged engine: tokens per KV block (8, 16, 32)");
+  app.add_option("--kv-cache-memory", kv_memory, "KV cache size, e.g. 512M, 2G (default: 512M paged; the shape's need, static)");
+  app.add_option("--max-model-len", opt.engine_options.max_model_len, "longest prompt + output (0 = the model's)");
+  app.add_option("--max-num-seqs", opt.engine_options.scheduler.max_num_seqs, "sequences per step at most");
+  app.add_option("--max-num-batched-tokens", opt.engine_options.scheduler.max_num_batched_tokens, "tokens per step at most");
+  app.add_flag("--no-prefix-caching", no_prefix_caching, "do not reuse KV blocks of identical prompt prefixes");
+  app.add_option("--max-tokens", sp.max_tokens, "tokens to generate at most");
+  app.add_option("--min-tokens", sp.min_tokens, "tokens to generate before EOS/stop may end");
+  app.add_option("--temperature", sp.temperature, "0 = greedy");
+  app.add_option("--top-p", sp.top_p);
+  app.add_option("--top-k", sp.top_k);
+  app.add_option("--min-p", sp.min_p);
+  app.add_option("--repetition-penalty", sp.repetition_penalty);
+  app.add_option("--presence-penalty", sp.presence_penalty);
+  app.add_option("--frequency-penalty", sp.frequency_penalty);
+  app.add_option("--seed", seed, "per-request seed: same seed, same output");
+  app.add_option("--n", sp.n, "samples per prompt");
+  app.add_option("--stop", sp.stop, "stop string (repeatable)");
+  app.add_option("--stop-token-ids", sp.stop_token_ids, "token ids that end generation");
+  app.add_flag("--ignore-eos", sp.ignore_eos, "keep generating past EOS");
+  app.add_flag("--json", as_json, "print one JSON document");
+  CLI11_PARSE(app, argc, argv);
+  sp.seed = seed;
+  opt.engine_options.enable_prefix_caching = !no_prefix_caching;
+
+  try {
+    if (!kv_memory.empty()) opt.engine_options.kv_cache_bytes = parse_bytes(kv_memory);
+    std::vector<Prompt> prompts;
+    for (const auto& p : prompt_args)
+      prompts.push_back({p, chat ? std::vector<infer::ChatMessage>{{"user", p}} : std::vector<infer::ChatMessage>{}});
+    if (!prompts_file.empty()) {
+      auto more = read_prompts(prompts_file, chat);
+      prompts.insert(prompts.end(), more.begin(), more.end());
+    }
+    if (prompts.empty()) {
+      fmt::print(stderr, "infer-generate: no prompts: give them as arguments or with --prompts FILE\n");
+      return 2;
+    }
+    sp.validate();
+    infer::LLM llm(model, opt);
+
+    // Render chat prompts, tokenize everything, then run the whole batch at once.
+    std::vector<std::vector<std::int32_t>> ids;
+    std::vector<std::string> shown;
+    for (const auto& p : prompts) {
+      if (p.messages.empty()) {
+        shown.push_back(p.text);
+        ids.push_back(llm.tokenizer().encode(p.text));
+      } else {
+        shown.push_back(llm.chat_template().apply(p.messages, /*add_generation_prompt=*/true));
+        ids.push_back(llm.encode_chat(shown.back()));
+      }
+    }
+    const auto results = llm.generate_ids(ids, sp);
+    const auto& sum = llm.last_summary();
+
+    if (!as_json) {
+      for (std::size_t i = 0; i < results.size(); ++i) {
+        fmt::print("=== prompt {} ===\n{}\n", i, shown[i]);
+        for (const auto& o : results[i].outputs)
+          fmt::print("--- completion {} ({}) ---\n{}\n", o.index, infer::to_string(o.finish_reason), o.text);
+      }
+      return 0;
+    }
+    json items = json::array();
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      json outs = json::array();
+      for (const auto& o : r.outputs)
+        outs.push_back({{"index", o.index}, {"text", o.text}, {"token_ids", o.token_ids},
+                        {"finish_reason", std::string(infer::to_string(o.finish_reason))}});
+      items.push_back({{"index", i}, {"prompt", shown[i]}, {"prompt_token_ids", r.prompt_token_ids}, {"outputs", outs},
+                       {"metrics", {{"prompt_tokens", r.metrics.prompt_tokens},
+                                    {"cached_prompt_tokens", r.metrics.cached_prompt_tokens},
+                                    {"output_tokens", r.generated_tokens()},
+                                    {"preemptions", r.metrics.preemptions},
+                                    {"ttft_ms", r.metrics.ttft_s() * 1e3},
+                                    {"latency_ms", r.metrics.latency_s() * 1e3}}}});
+    }
+    const auto st = llm.stats();
+    json doc{{"model", model},
+             {"engine", opt.engine},
+             {"block_size", opt.engine == "paged" ? json(opt.block_size) : json(nullptr)},
+             {"results", items},
+             {"summary", {{"requests", sum.requests}, {"prompt_tokens", sum.prompt_tokens},
+                          {"cached_prompt_tokens", sum.cached_prompt_tokens}, {"output_tokens", sum.output_tokens},
+                          {"seconds", sum.seconds}, {"output_tokens_per_s", sum.output_tokens_per_s()},
+                          {"total_tokens_per_s", sum.total_tokens_per_s()}, {"mean_ttft_ms", sum.mean_ttft_s * 1e3},
+                          {"preemptions", sum.preemptions}}},
+             {"kv_cache", {{"at_peak", kv_json(sum.kv_at_peak)},
+                           {"max_wasted_slots_per_sequence", sum.max_wasted_slots_per_sequence},
+                           {"after_run", kv_json(llm.kv_stats())}}},
+             {"engine_stats", {{"steps", st.steps}, {"computed_tokens", st.computed_tokens},
+                               {"generated_tokens", st.generated_tokens}, {"preemptions", st.preemptions}}}};
+    fmt::print("{}\n", doc.dump(1));
+    return 0;
+  } catch (const infer::Error& e) {
+    fmt::print(stderr, "infer-generate: {} error: {}\n", infer::to_string(e.code()), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "infer-generate: error: {}\n", e.what());
+    return 1;
+  }
+}

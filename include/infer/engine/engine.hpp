@@ -1,0 +1,499 @@
+#pragma once
+/// \file
+/// `Engine<Backend, Model, BlockAllocator, Scheduler, AttentionKernel, Quantizer>`: the composition of the
+/// four policies into something that turns requests into tokens. One iteration (`step()`):
+///
+///   plan = scheduler.schedule(allocator)       who runs, how many tokens each, who is preempted
+///   cache.copy_block(...) for plan.copies      copy-on-write decided by the allocator
+///   model.forward(plan's chunks, cache)        one batched forward pass, logits of the sampling rows
+///   sample, append, scheduler.update(plan)     tokens join their sequences; computed blocks are cached
+///   stop checks, scheduler.finish(...)         finished sequences return their blocks at once
+///
+/// The engine owns requests, sequences, the KV storage and the model; policies own only decisions and
+/// metadata. Everything a user can get wrong (sampling parameters, a prompt beyond the context, a shape
+/// the static engine was not built for) is rejected in add_request() with a typed error before any block
+/// is taken, and an aborted or failed request releases its blocks in the same call.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "infer/concepts.hpp"
+#include "infer/engine/engine_options.hpp"
+#include "infer/engine/request_output.hpp"
+#include "infer/model/forward_batch.hpp"
+#include "infer/model/kv_cache.hpp"
+#include "infer/model/model_source.hpp"
+#include "infer/sampling/sampler.hpp"
+#include "infer/sampling/sampling_params.hpp"
+#include "infer/sampling/stop_checker.hpp"
+#include "infer/tokenizer/incremental_decoder.hpp"
+#include "infer/tokenizer/tokenizer.hpp"
+
+namespace infer {
+
+/// Counters over the engine's life (the server's /metrics and the programs' summaries read these).
+struct EngineStats {
+  std::int64_t steps = 0;
+  std::int64_t requests_added = 0;
+  std::int64_t requests_finished = 0;
+  std::int64_t prompt_tokens = 0;      ///< prompt tokens of admitted requests
+  std::int64_t computed_tokens = 0;    ///< tokens run through the model (prefill chunks + decodes)
+  std::int64_t generated_tokens = 0;
+  std::int64_t preemptions = 0;
+};
+
+namespace engine_detail {
+/// Builds an allocator from the KV budget: the paged allocator cuts it into blocks; a fixed-shape
+/// allocator needs its exact size. Either way the engine refuses to start when one sequence of the
+/// longest allowed length cannot fit, naming both numbers and the option to change.
+template <class A>
+A make_allocator(const EngineOptions& o, std::size_t kv_bytes_per_token, std::int32_t max_model_len) {
+  using detail::cat;
+  if constexpr (requires { A::shape; }) {
+    const std::size_t need = A::required_bytes(kv_bytes_per_token);
+    if (o.kv_cache_bytes != 0 && o.kv_cache_bytes < need)
+      throw InvalidArgument(cat("KV cache of ", o.kv_cache_bytes, " bytes is too small for this static engine: its ",
+                                A::shape.max_batch, " slots of ", A::shape.max_input + A::shape.max_output,
+                                " tokens need ", need, " bytes; raise kv_cache_bytes (--kv-cache-memory) or build a "
+                                "smaller Shape"));
+    const std::int32_t capacity = A::shape.max_input + A::shape.max_output;
+    if (capacity > max_model_len)
+      throw InvalidArgument(cat("this static engine's slots hold max_input + max_output = ", capacity,
+                                " tokens, more than the model's context of ", max_model_len,
+                                " tokens; build a Shape that fits or raise max_model_len"));
+    return A{};
+  } else {
+    const std::size_t bytes = o.kv_cache_bytes ? o.kv_cache_bytes : EngineOptions::default_paged_kv_bytes;
+    const std::int32_t blocks = A::blocks_for_budget(bytes, kv_bytes_per_token);
+    A alloc(std::max<std::int32_t>(blocks, 1), o.enable_prefix_caching);
+    if (!alloc.can_ever_fit(max_model_len))
+      throw InvalidArgument(cat("KV cache of ", bytes, " bytes holds ", blocks, " blocks of ",
+                                alloc.block_size(), " tokens (", static_cast<std::int64_t>(blocks) * alloc.block_size(),
+                                " tokens), less than one sequence of max_model_len = ", max_model_len,
+                                " tokens; raise kv_cache_bytes (--kv-cache-memory) or lower max_model_len "
+                                "(--max-model-len)"));
+    return alloc;
+  }
+}
+
+template <class S>
+S make_scheduler(const EngineOptions& o) {
+  if constexpr (std::is_constructible_v<S, SchedulerConfig>) return S(o.scheduler);
+  else return S{};
+}
+}  // namespace engine_detail
+
+template <class B, class Model, class A, class S, class Attn, class Q>
+class Engine {
+  static_assert(Backend<B>, "infer::Engine<Backend, ...>: Backend must be infer::cpu or infer::cuda");
+  static_assert(BlockAllocator<A>,
+                "infer::Engine<..., BlockAllocator, ...>: this type does not satisfy infer::BlockAllocator; the "
+                "compiler's note names the missing operation (see infer/concepts.hpp)");
+  static_assert(Scheduler<S, A>,
+                "infer::Engine<..., Scheduler, ...>: this type does not satisfy infer::Scheduler for the chosen "
+                "allocator (see infer/concepts.hpp)");
+  static_assert(AttentionKernel<Attn, B>,
+                "infer::Engine<..., AttentionKernel, ...>: this type does not satisfy infer::AttentionKernel on the "
+                "chosen backend (see infer/concepts.hpp)");
+  static_assert(Quantizer<Q, B>,
+                "infer::Engine<..., Quantizer>: this type does not satisfy infer::Quantizer on the chosen backend");
+  static_assert(A::layout == Attn::layout,
+                "infer::Engine: the allocator's KV layout differs from the attention kernel's: a paged allocator "
+                "needs PagedAttention, a contiguous one FusedContiguousAttention");
+
+ public:
+  using backend = B;
+  using allocator_type = A;
+  using scheduler_type = S;
+  using model_type = typename Model::template decoder<B, Q, Attn>;
+
+  /// Loads the model at `path` (a .gguf file or a Hugging Face folder) and sizes the KV cache.
+  explicit Engine(const std::filesystem::path& path, EngineOptions options = {})
+      : Engine(ModelSource::open(path), std::move(options)) {}
+
+  Engine(ModelSource source, EngineOptions options)
+      : options_((options.validate(), std::move(options))),
+        source_(std::make_unique<ModelSource>(std::move(source))),
+        model_(model_type::load(*source_)),
+        max_model_len_(resolve_max_len(model_.config(), options_)),
+        alloc_(engine_detail::make_allocator<A>(options_, model_.kv_bytes_per_token(), max_model_len_)),
+        scheduler_(engine_detail::make_scheduler<S>(options_)),
+        cache_(static_cast<std::int32_t>(model_.config().num_layers), alloc_.num_blocks(), alloc_.block_size(),
+               static_cast<std::int32_t>(model_.config().num_kv_heads), static_cast<std::int32_t>(model_.config().head_dim)),
+        sampler_(std::nullopt) {
+    // EOS is the tokenizer's; a config may list more end tokens (Llama 3: <|eot_id|>, <|eom_id|>), which
+    // act as stop token ids of every request.
+    const Tokenizer* tok = source_->tokenizer();
+    if (tok && tok->eos_id()) eos_id_ = *tok->eos_id();
+    for (auto id : model_.config().eos_token_ids) {
+      const auto v = static_cast<std::int32_t>(id);
+      if (!eos_id_) eos_id_ = v;
+      else if (v != *eos_id_) extra_eos_ids_.push_back(v);
+    }
+    sampler_ = Sampler(eos_id_);
+  }
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  [[nodiscard]] const ModelConfig& config() const noexcept { return model_.config(); }
+  [[nodiscard]] const Tokenizer* tokenizer() const noexcept { return source_->tokenizer(); }
+  [[nodiscard]] const ModelSource& source() const noexcept { return *source_; }
+  [[nodiscard]] std::int32_t max_model_len() const noexcept { return max_model_len_; }
+  [[nodiscard]] const EngineOptions& options() const noexcept { return options_; }
+  [[nodiscard]] KvStats kv_stats() const { return alloc_.stats(); }
+  [[nodiscard]] const EngineStats& stats() const noexcept { return stats_; }
+  [[nodiscard]] const A& allocator() const noexcept { return alloc_; }
+  [[nodiscard]] bool has_unfinished() const noexcept { return !requests_.empty() || !pending_.empty(); }
+  [[nodiscard]] std::size_t num_unfinished() const noexcept { return requests_.size(); }
+  [[nodiscard]] std::size_t num_waiting() const { return scheduler_.num_waiting(); }
+  [[nodiscard]] std::size_t num_running() const { return scheduler_.num_running(); }
+
+  /// Queues a request. InvalidArgument (nothing queued, nothing allocated) for invalid sampling
+  /// parameters, an empty prompt, token ids outside the vocabulary, a prompt plus max_tokens beyond
+  /// max_model_len, or a request this engine's shape can never run.
+  RequestId add_request(std::vector<std::int32_t> prompt, SamplingParams params) {
+    using detail::cat;
+    const auto& cfg = model_.config();
+    params.validate(static_cast<std::int32_t>(cfg.vocab_size));
+    require<InvalidArgument>(!prompt.empty(), "the prompt is empty: give at least one token");
+    for (std::size_t i = 0; i < prompt.size(); ++i)
+      require<InvalidArgument>(prompt[i] >= 0 && prompt[i] < cfg.vocab_size, "prompt token ", prompt[i],
+                               " at position ", i, " is outside the vocabulary [0, ", cfg.vocab_size, ")");
+    if constexpr (A::layout == KvLayout::contiguous)
+      require<InvalidArgument>(params.n == 1, "n = ", params.n, ": this static engine gives each request one slot, so "
+                               "one sample; use the paged engine for n > 1");
+    require<InvalidArgument>(params.stop.empty() || source_->tokenizer() != nullptr,
+                             "stop strings need a tokenizer, and ", source_->describe(), " has none; use stop_token_ids");
+    const auto plen = static_cast<std::int64_t>(prompt.size());
+    require<InvalidArgument>(plen + params.max_tokens <= max_model_len_, "the prompt has ", plen,
+                             " tokens and max_tokens is ", params.max_tokens, ": ", plen + params.max_tokens,
+                             " tokens in all, beyond this engine's max_model_len of ", max_model_len_,
+                             "; shorten the prompt or lower max_tokens");
+
+    const RequestId id = next_request_++;
+    auto req = std::make_unique<RequestState>();
+    for (auto e : extra_eos_ids_)
+      if (!params.ignore_eos && std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), e) ==
+                                    params.stop_token_ids.end())
+        params.stop_token_ids.push_back(e);
+    req->params = std::move(params);
+    req->output.id = id;
+    req->output.prompt_token_ids = prompt;
+    req->output.metrics.arrival = Clock::now();
+    req->output.metrics.prompt_tokens = static_cast<std::int32_t>(plen);
+    req->output.outputs.resize(static_cast<std::size_t>(req->params.n));
+    req->samples.reserve(static_cast<std::size_t>(req->params.n));  // Sample references stay valid across forks
+    for (std::int32_t i = 0; i < req->params.n; ++i) req->output.outputs[static_cast<std::size_t>(i)].index = i;
+    // Only sample 0 is scheduled now; the others fork from it once the prompt is computed, sharing its blocks.
+    auto& first = req->samples.emplace_back(make_sample(*req, 0));
+    first.seq->tokens = std::move(prompt);
+    first.seq->prompt_len = static_cast<std::int32_t>(plen);
+    first.seq->max_len = static_cast<std::int32_t>(plen + req->params.max_tokens);
+    first.seq->arrival = next_arrival_++;
+    scheduler_.check(*first.seq, std::as_const(alloc_));  // throws before anything is queued
+    scheduler_.add(first.seq.get());
+    stats_.requests_added++;
+    stats_.prompt_tokens += plen;
+    requests_.emplace(id, std::move(req));
+    return id;
+  }
+
+  /// Convenience: tokenizes `prompt` with the model's tokenizer (special tokens parsed, BOS as the model says).
+  RequestId add_request(std::string_view prompt, SamplingParams params) {
+    const Tokenizer* tok = require_tokenizer();
+    return add_request(tok->encode(prompt), std::move(params));
+  }
+
+  /// Cancels a request: its sequences leave the scheduler and their blocks return to the pool now; its
+  /// final output (FinishReason::abort) comes with the next step(). Unknown or finished ids are ignored.
+  void abort(RequestId id) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return;
+    RequestState& req = *it->second;
+    for (auto& s : req.samples) finish_sample(req, s, FinishReason::abort);
+    complete_pending_forks(req, FinishReason::abort);
+    pending_.push_back(req.output);
+    retire(it);
+  }
+
+  /// One iteration. Returns the requests that changed: new tokens (delta_* fields) or finished.
+  std::vector<RequestOutput> step() {
+    std::vector<RequestOutput> out = std::move(pending_);
+    pending_.clear();
+    StepPlan plan = scheduler_.schedule(alloc_);
+    for (Sequence* s : plan.preempted) {
+      stats_.preemptions++;
+      if (auto* r = owner(s)) r->output.metrics.preemptions++;
+    }
+    for (const BlockCopy& c : plan.copies) cache_.copy_block(c.src, c.dst);
+    if (plan.empty()) return out;
+    stats_.steps++;
+
+    chunks_.clear();
+    for (const ScheduledChunk& c : plan.chunks) {
+      const auto tokens = std::span<const std::int32_t>(c.seq->tokens).subspan(static_cast<std::size_t>(c.start),
+                                                                              static_cast<std::size_t>(c.count));
+      chunks_.push_back(ForwardChunk{tokens, c.start, alloc_.block_table(*c.seq), c.samples});
+      stats_.computed_tokens += c.count;
+    }
+    try {
+      model_.forward(chunks_, cache_, logits_);
+    } catch (const std::exception& e) {
+      fail_plan(plan, e.what(), out);
+      return out;
+    }
+
+    // Sample every row first (a row's logits are processed in place), then apply.
+    const auto vocab = static_cast<std::size_t>(model_.config().vocab_size);
+    std::size_t row = 0;
+    touched_.clear();
+    forks_.clear();
+    for (const ScheduledChunk& c : plan.chunks) {
+      if (!c.samples) continue;
+      auto logits = std::span<float>(logits_).subspan(row++ * vocab, vocab);
+      RequestState* req = owner(c.seq);
+      Sample& s = sample_of(*req, c.seq);
+      const bool forks_now = req->samples.size() == 1 && req->params.n > 1 && c.seq->num_generated() == 0;
+      if (forks_now) fork_rows_.assign(logits.begin(), logits.end());  // the siblings sample from the same row
+      s.pending = draw(*req, s, logits);
+      touched_.push_back(c.seq);
+      if (forks_now) forks_.push_back(c.seq);
+    }
+    for (Sequence* seq : touched_) {
+      RequestState* req = owner(seq);
+      Sample& s = sample_of(*req, seq);
+      seq->tokens.push_back(s.pending->token);
+    }
+    scheduler_.update(plan, alloc_);
+    for (Sequence* parent : forks_) fork_siblings(*owner(parent), *parent);
+
+    for (Sequence* seq : touched_) {
+      RequestState* req = owner(seq);
+      accept_token(*req, sample_of(*req, seq));
+    }
+    for (Sequence* parent : forks_) {
+      RequestState* req = owner(parent);
+      for (std::size_t i = 1; i < req->samples.size(); ++i) accept_token(*req, req->samples[i]);
+    }
+
+    // Report every request that changed, then drop the finished ones.
+    for (Sequence* seq : touched_) {
+      const RequestState* r = owner(seq);
+      if (r == nullptr) continue;  // its request was retired earlier in this loop
+      auto it = requests_.find(r->output.id);
+      if (it == requests_.end() || it->second->reported_step == stats_.steps) continue;
+      RequestState& req = *it->second;
+      req.reported_step = stats_.steps;
+      out.push_back(req.output);
+      for (auto& o : req.output.outputs) {
+        o.delta_text.clear();
+        o.delta_token_ids.clear();
+      }
+      if (req.output.finished) retire(it);
+    }
+    return out;
+  }
+
+  /// Runs steps until every request has finished; returns the final outputs in request order.
+  std::vector<RequestOutput> run_to_completion() {
+    std::map<RequestId, RequestOutput> done;
+    while (has_unfinished()) {
+      for (auto& o : step())
+        if (o.finished) done[o.id] = std::move(o);
+    }
+    std::vector<RequestOutput> out;
+    out.reserve(done.size());
+    for (auto& [id, o] : done) out.push_back(std::move(o));
+    return out;
+  }
+
+ private:
+  struct Sample {
+    std::unique_ptr<Sequence> seq;
+    SeqRng rng;
+    StopChecker stop;
+    std::optional<IncrementalDecoder> detok;  ///< absent when the model has no tokenizer (ids only)
+    std::optional<SampleResult> pending;  ///< drawn this step, not yet applied
+    bool done = false;
+  };
+  struct RequestState {
+    SamplingParams params;
+    std::vector<Sample> samples;
+    RequestOutput output;
+    std::int64_t reported_step = -1;
+    std::int32_t unfinished = 0;
+  };
+
+  static std::int32_t resolve_max_len(const ModelConfig& c, const EngineOptions& o) {
+    const auto ctx = static_cast<std::int32_t>(c.max_position_embeddings);
+    if (o.max_model_len == 0) return ctx;
+    require<InvalidArgument>(o.max_model_len <= ctx, "max_model_len = ", o.max_model_len,
+                             " is beyond the model's context length of ", ctx);
+    return o.max_model_len;
+  }
+
+  const Tokenizer* require_tokenizer() const {
+    const Tokenizer* tok = source_->tokenizer();
+    require<InvalidArgument>(tok != nullptr, source_->describe(),
+                             " has no tokenizer: pass token ids, or add tokenizer.json to the model folder");
+    return tok;
+  }
+
+  Sample make_sample(RequestState& req, std::int32_t index) {
+    const Tokenizer* tok = source_->tokenizer();
+    req.unfinished++;
+    Sample s{std::make_unique<Sequence>(), SeqRng::for_sample(req.params, static_cast<std::uint32_t>(index)),
+             StopChecker(req.params, eos_id_),
+             tok ? std::optional<IncrementalDecoder>(std::in_place, *tok, req.params.skip_special_tokens) : std::nullopt,
+             std::nullopt, false};
+    s.seq->id = next_seq_++;
+    seq_owner_[s.seq.get()] = &req;
+    return s;
+  }
+
+  RequestState* owner(const Sequence* s) const {
+    auto it = seq_owner_.find(s);
+    return it == seq_owner_.end() ? nullptr : it->second;
+  }
+  static Sample& sample_of(RequestState& req, const Sequence* seq) {
+    for (auto& s : req.samples)
+      if (s.seq.get() == seq) return s;
+    throw Error(Errc::invalid_argument, "engine: sequence not found in its request");  // unreachable
+  }
+
+  SampleResult draw(RequestState& req, Sample& s, std::span<float> logits) {
+    const auto prompt = s.seq->prompt();
+    const auto output = std::span<const std::int32_t>(s.seq->tokens).subspan(static_cast<std::size_t>(s.seq->prompt_len));
+    return sampler_.sample_with_logprobs(logits, req.params, prompt, output, s.rng);
+  }
+
+  /// The prompt of `parent` is computed: the request's other samples start from its blocks (shared,
+  /// copied on write) and draw their first token from the same logits row.
+  void fork_siblings(RequestState& req, Sequence& parent) {
+    for (std::int32_t i = 1; i < req.params.n; ++i) {
+      Sample& child = req.samples.emplace_back(make_sample(req, i));
+      child.seq->tokens.assign(parent.tokens.begin(), parent.tokens.end() - 1);  // without the parent's new token
+      child.seq->prompt_len = parent.prompt_len;
+      child.seq->max_len = parent.max_len;
+      child.seq->arrival = parent.arrival;
+      child.seq->num_computed = parent.num_computed;
+      scheduler_.fork(&parent, child.seq.get(), alloc_);
+      scratch_.assign(fork_rows_.begin(), fork_rows_.end());
+      child.pending = draw(req, child, scratch_);
+      child.seq->tokens.push_back(child.pending->token);
+    }
+  }
+
+  /// Applies a drawn token: detokenize, stop checks, output fields; finishes the sample when it ends.
+  void accept_token(RequestState& req, Sample& s) {
+    const SampleResult r = *s.pending;
+    s.pending.reset();
+    CompletionOutput& o = req.output.outputs[static_cast<std::size_t>(&s - req.samples.data())];
+    if (!req.output.metrics.first_token) req.output.metrics.first_token = Clock::now();
+    if (s.seq->num_generated() == 1) req.output.metrics.cached_prompt_tokens =
+        std::max(req.output.metrics.cached_prompt_tokens, s.seq->num_cached_tokens);
+    stats_.generated_tokens++;
+    o.token_ids.push_back(r.token);
+    o.delta_token_ids.push_back(r.token);
+    if (req.params.logprobs) o.logprobs.push_back(TokenLogprob{r.token, r.logprob, r.top_logprobs});
+    const StopResult sr = s.stop.push(r.token, s.detok ? s.detok->push(r.token) : std::string());
+    o.text += sr.emit;
+    o.delta_text += sr.emit;
+    FinishReason reason = sr.reason;
+    if (reason == FinishReason::none && s.seq->len() >= s.seq->max_len) reason = FinishReason::length;
+    if (reason != FinishReason::none) finish_sample(req, s, reason);
+  }
+
+  void finish_sample(RequestState& req, Sample& s, FinishReason reason) {
+    if (s.done) return;
+    s.done = true;
+    CompletionOutput& o = req.output.outputs[static_cast<std::size_t>(&s - req.samples.data())];
+    // Text held back in case it began a stop string is the sample's own after all (empty after a stop).
+    const std::string rest = s.stop.flush(s.detok ? s.detok->flush() : std::string());
+    o.text += rest;
+    o.delta_text += rest;
+    o.finish_reason = reason;
+    scheduler_.finish(s.seq.get(), alloc_);
+    if (--req.unfinished == 0 && !awaits_fork(req)) complete(req);
+  }
+
+  /// A request with n > 1 whose first sample finished before its siblings were forked.
+  static bool awaits_fork(const RequestState& req) {
+    return req.params.n > 1 && req.samples.size() == 1;
+  }
+  /// Siblings that will never be forked (their parent ended during the prompt) finish with the parent's reason.
+  void complete_pending_forks(RequestState& req, FinishReason reason) {
+    if (!awaits_fork(req)) return;
+    for (std::size_t i = 1; i < req.output.outputs.size(); ++i) req.output.outputs[i].finish_reason = reason;
+    complete(req);
+  }
+
+  void complete(RequestState& req) {
+    if (req.output.finished) return;
+    req.output.finished = true;
+    req.output.metrics.finished = Clock::now();
+    stats_.requests_finished++;
+  }
+
+  /// Forgets a finished request whose final output has been handed out (or queued in pending_).
+  template <class It>
+  void retire(It it) {
+    for (auto& s : it->second->samples) seq_owner_.erase(s.seq.get());
+    requests_.erase(it);
+  }
+
+  /// The model failed on this step: every request in it fails with the message, and its blocks return.
+  void fail_plan(const StepPlan& plan, const std::string& why, std::vector<RequestOutput>& out) {
+    std::vector<RequestId> ids;
+    for (const auto& c : plan.chunks)
+      if (auto* r = owner(c.seq)) ids.push_back(r->output.id);
+    for (RequestId id : ids) {
+      auto it = requests_.find(id);
+      if (it == requests_.end()) continue;
+      it->second->output.error = why;
+      for (auto& s : it->second->samples) finish_sample(*it->second, s, FinishReason::error);
+      complete_pending_forks(*it->second, FinishReason::error);
+      out.push_back(it->second->output);
+      retire(it);
+    }
+  }
+
+  EngineOptions options_;
+  std::unique_ptr<ModelSource> source_;
+  model_type model_;
+  std::int32_t max_model_len_;
+  A alloc_;
+  S scheduler_;
+  KvCache<B> cache_;
+  Sampler sampler_;
+  std::optional<std::int32_t> eos_id_;
+  std::vector<std::int32_t> extra_eos_ids_;
+
+  std::unordered_map<RequestId, std::unique_ptr<RequestState>> requests_;
+  std::unordered_map<const Sequence*, RequestState*> seq_owner_;
+  std::vector<RequestOutput> pending_;  ///< final outputs of requests retired outside step() (aborts)
+  RequestId next_request_ = 0;
+  SeqId next_seq_ = 0;
+  std::uint64_t next_arrival_ = 0;
+  EngineStats stats_;
+
+  // Per-step buffers, reused.
+  std::vector<ForwardChunk> chunks_;
+  std::vector<float> logits_, fork_rows_, scratch_;
+  std::vector<Sequence*> touched_, forks_;
+};
+
+}  // namespace infer

@@ -1,0 +1,35 @@
+#pragma once
+/// \file
+/// The two engines most users want, as aliases over `Engine`:
+///   PagedEngine  — vLLM's way: PagedAttention over block tables, continuous batching, chunked prefill,
+///                  preemption by recompute, automatic prefix caching. Runtime shapes.
+///   StaticEngine — TensorRT-LLM's way: shapes fixed at build time (a `Shape`), one preallocated
+///                  contiguous KV slot per batch entry, in-flight refill of finished slots.
+/// Both read weights through the same Quantizer and run the same decoder; only the policies differ.
+
+#include <cstdint>
+
+#include "infer/attention/contiguous_attention.hpp"
+#include "infer/attention/paged_attention.hpp"
+#include "infer/engine/engine.hpp"
+#include "infer/memory/contiguous_allocator.hpp"
+#include "infer/memory/paged_allocator.hpp"
+#include "infer/memory/shape.hpp"
+#include "infer/model/llama.hpp"
+#include "infer/quant/f32.hpp"
+#include "infer/sched/continuous_batch.hpp"
+#include "infer/sched/static_batch.hpp"
+
+namespace infer {
+
+template <class B = cpu, std::int32_t BlockSize = 16, class Q = F32>
+using PagedEngine = Engine<B, llama, PagedBlockAllocator<BlockSize>, ContinuousBatchScheduler<>, PagedAttention<>, Q>;
+
+/// The static engine's shape when none is given: 8 slots of 1024 prompt + 512 generated tokens.
+inline constexpr Shape default_static_shape{.max_batch = 8, .max_input = 1024, .max_output = 512};
+
+template <class B = cpu, Shape S = default_static_shape, class Q = F32>
+using StaticEngine =
+    Engine<B, llama, ContiguousAllocator<S>, StaticBatchScheduler<S.max_batch>, FusedContiguousAttention<>, Q>;
+
+}  // namespace infer
