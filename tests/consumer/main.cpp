@@ -1,12 +1,13 @@
 // Uses the installed headers and the compiled kernels: parses a GGUF file made in memory and dequantizes
-// its one tensor, so both infer::infer (headers, nlohmann_json, PCRE2) and infer::kernels must link.
+// its one tensor, then (given a model folder) composes a paged engine and generates with it, so
+// infer::infer (headers, nlohmann_json, PCRE2, xxHash) and infer::kernels (OpenBLAS) must all link.
 #include <infer/infer.hpp>
 
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
-int main() {
+int main(int argc, char** argv) {
   std::vector<std::byte> file;
   auto put = [&](const void* p, std::size_t n) {
     const auto* b = static_cast<const std::byte*>(p);
@@ -26,5 +27,16 @@ int main() {
   const bool ok = gguf.architecture() == "llama" && values == std::vector<float>{1.0f, -2.0f, 0.5f, 8.0f};
   std::printf("consumer: infer %s, architecture %s, dequantized %zu values: %s\n", INFER_VERSION,
               std::string(gguf.architecture()).c_str(), values.size(), ok ? "ok" : "WRONG");
-  return ok ? 0 : 1;
+  if (!ok || argc < 2) return ok ? 0 : 1;
+
+  infer::PagedEngine<infer::cpu, 16> engine(argv[1], infer::EngineOptions{});
+  infer::SamplingParams params;
+  params.temperature = 0;
+  params.max_tokens = 5;
+  engine.add_request(std::vector<std::int32_t>{1, 2, 3}, params);
+  const auto out = engine.run_to_completion();
+  const bool generated = out.size() == 1 && out[0].outputs[0].token_ids.size() == 5;
+  std::printf("consumer: PagedEngine generated %zu tokens: %s\n", out.empty() ? 0 : out[0].outputs[0].token_ids.size(),
+              generated ? "ok" : "WRONG");
+  return generated ? 0 : 1;
 }
