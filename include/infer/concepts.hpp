@@ -17,14 +17,18 @@
 ///                     Writing into a block shared with another sequence first copies it (copy-on-write;
 ///                     the copy is queued for take_copies()).
 ///   fork(parent, c)   c shares all of parent's blocks (n > 1 samples of one prompt).
-///   commit(seq)       seq.num_computed tokens now have K/V in the cache: full blocks among them become
-///                     reusable prefix-cache entries.
+///   commit(seq, n)    tokens [0, n) of seq will have K/V by the end of the step being planned (the
+///                     scheduler calls it as it plans each chunk): full blocks among them become prefix-cache
+///                     entries that sequences admitted later — in the same step too — reuse. The model writes
+///                     every chunk's K/V before any chunk's attention reads, so a same-step hit is safe; free()
+///                     forgets entries whose step never ran (a planned sequence preempted or failed).
 ///   free(seq)         every block of seq is released; cached prefixes stay until evicted.
 ///   block_table(seq)  physical block ids of seq, in token order.
 ///   can_ever_fit(n)   whether a sequence of n tokens fits in the whole cache.
 /// Scheduler — decides each step (plan-then-apply): add() queues a sequence, schedule(alloc) admits,
-///   chunks and preempts and returns a StepPlan (having reserved blocks through alloc); after the engine
-///   runs the plan and appends sampled tokens, update(plan, alloc) advances the sequences; finish(seq,
+///   chunks and preempts and returns a StepPlan (having reserved blocks and committed the planned tokens'
+///   blocks through alloc); after the engine runs the plan and appends sampled tokens, update(plan, alloc)
+///   advances the sequences; finish(seq,
 ///   alloc) retires a finished or aborted one; fork(parent, child, alloc) adds a sibling sample;
 ///   check(seq, alloc) throws InvalidArgument for a sequence this scheduler could never run.
 /// AttentionKernel — computes causal attention for a chunk of query tokens of one sequence over the KV
@@ -75,8 +79,8 @@ concept allocator_shares = requires(A& a, const Sequence& parent, Sequence& chil
   { a.fork(parent, child) } -> std::same_as<void>;
 };
 template <class A>
-concept allocator_caches_and_frees = requires(A& a, const A& ca, Sequence& seq) {
-  { a.commit(seq) } -> std::same_as<void>;
+concept allocator_caches_and_frees = requires(A& a, const A& ca, Sequence& seq, std::int32_t n) {
+  { a.commit(seq, n) } -> std::same_as<void>;
   { a.free(seq) } -> std::same_as<void>;
   { ca.block_table(seq) } -> std::same_as<std::span<const std::int32_t>>;
 };

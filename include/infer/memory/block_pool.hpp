@@ -195,6 +195,17 @@ class BlockPool {
     return true;
   }
 
+  /// Drops block `id`'s cache entry (its content will never be completed: the sequence that was to
+  /// write it was freed first). No-op for a block without a hash.
+  void forget(std::int32_t id) {
+    KvBlock& b = blocks_[checked(id, "forget")];
+    if (!b.hash) return;
+    const auto it = cached_.find(*b.hash);
+    if (it != cached_.end() && it->second == id) cached_.erase(it);
+    if (b.ref_count == 0) --cached_free_;
+    b.hash.reset();
+  }
+
  private:
   static std::int32_t checked_count(std::int32_t n) {
     if (n < 1) {

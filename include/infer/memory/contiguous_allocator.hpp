@@ -133,7 +133,7 @@ class ContiguousAllocator {
   }
 
   /// No prefix cache: nothing to register.
-  void commit(const Sequence& /*seq*/) noexcept {}
+  void commit(const Sequence& /*seq*/, std::int32_t /*num_tokens*/) noexcept {}
 
   /// Returns seq's slot; unknown sequences are a no-op.
   void free(const Sequence& seq) noexcept {

@@ -125,6 +125,7 @@ class PagedBlockAllocator {
       sb.keys.reserve(static_cast<std::size_t>(expected));
       sb.keys.assign(keys_.begin(), keys_.end());
       sb.num_registered = hits;
+      sb.num_hit = hits;
       stats_.prefix_queried_tokens += len;
       stats_.prefix_hit_tokens += static_cast<std::int64_t>(hits) * BlockSize;
     }
@@ -196,21 +197,25 @@ class PagedBlockAllocator {
     copy.keys.reserve(p.keys.capacity());
     copy.keys.assign(p.keys.begin(), p.keys.end());
     copy.num_registered = p.num_registered;
+    copy.num_hit = p.num_registered;  // the child's blocks are the parent's, written or being written by it
     copy.held = p.held;
     tables_.emplace(child.id, std::move(copy));
   }
 
-  /// seq.num_computed tokens now have K/V: every full block among them becomes a prefix-cache entry,
-  /// unless another block already holds the same key (then this one stays unregistered).
-  void commit(const Sequence& seq) {
+  /// Tokens [0, num_tokens) of seq have K/V by the end of the step being planned: every full block among
+  /// them becomes a prefix-cache entry, unless another block already holds the same key (then this one
+  /// stays unregistered). Schedulers call this as they plan a chunk, as vLLM v1 does, so that a sequence
+  /// admitted later in the same step already shares those blocks: the forward pass writes every chunk's
+  /// K/V before any chunk's attention reads them. free() drops entries whose content was never written.
+  void commit(const Sequence& seq, std::int32_t num_tokens) {
     SeqBlocks& sb = find(seq.id, "commit");
-    if (seq.num_computed < 0 || seq.num_computed > seq.len() || seq.num_computed > sb.held) {
-      throw InvalidArgument(detail::cat("PagedBlockAllocator::commit: sequence ", seq.id, " has num_computed ",
-                                        seq.num_computed, " but ", seq.len(), " tokens and blocks for ", sb.held,
-                                        "; num_computed must lie within both"));
+    if (num_tokens < 0 || num_tokens > seq.len() || num_tokens > sb.held) {
+      throw InvalidArgument(detail::cat("PagedBlockAllocator::commit: sequence ", seq.id, " commits ", num_tokens,
+                                        " tokens but has ", seq.len(), " tokens and blocks for ", sb.held,
+                                        "; the count must lie within both"));
     }
     if (!caching_) return;
-    const std::int32_t full = seq.num_computed / BlockSize;
+    const std::int32_t full = num_tokens / BlockSize;
     if (full <= sb.num_registered) return;
     extend_block_hashes(std::span<const std::int32_t>(seq.tokens).first(static_cast<std::size_t>(full) * BlockSize),
                         BlockSize, sb.keys);
@@ -227,6 +232,11 @@ class PagedBlockAllocator {
     const auto it = tables_.find(seq.id);
     if (it == tables_.end()) return;
     const auto& table = it->second.table;
+    // Blocks committed for a step that will not compute them (seq is preempted or fails while planned)
+    // must not stay findable: forget those only this sequence holds.
+    const std::int32_t written = std::max(it->second.num_hit, std::max(seq.num_computed, 0) / BlockSize);
+    for (auto i = static_cast<std::size_t>(written); i < static_cast<std::size_t>(it->second.num_registered); ++i)
+      if (pool_.block(table[i]).ref_count == 1) pool_.forget(table[i]);
     for (auto b = table.rbegin(); b != table.rend(); ++b) release_block(*b);
     tables_.erase(it);
   }
@@ -256,6 +266,7 @@ class PagedBlockAllocator {
     std::vector<std::int32_t> table;
     std::vector<std::uint64_t> keys;   ///< chained keys of seq's leading full blocks known so far
     std::int32_t num_registered = 0;   ///< leading blocks already offered to the cache
+    std::int32_t num_hit = 0;          ///< leading blocks found in the cache at allocate (someone else's)
     std::int32_t held = 0;             ///< tokens the table is sized for
   };
 

@@ -106,6 +106,8 @@ class LlamaModel<cpu, Q, Attn> {
       kernels::cpu::rope(q_.data(), T, config_.num_heads, config_.head_dim, cos_sin_.data(), config_.rope_style);
       kernels::cpu::rope(k_.data(), T, config_.num_kv_heads, config_.head_dim, cos_sin_.data(), config_.rope_style);
 
+      // Every chunk's K/V first, then every chunk's attention: a sequence admitted in this step may reuse
+      // (prefix-cache hit) blocks that another chunk of this same step writes.
       std::int64_t first = 0;
       for (const auto& c : chunks) {
         const auto view = Attn::template make_view<float>(cache.k(layer), cache.v(layer), c.block_table, bs,
@@ -119,6 +121,13 @@ class LlamaModel<cpu, Q, Attn> {
             std::memcpy(view.v_at(c.start + i, h), &v_[off], static_cast<std::size_t>(shape_.head_dim) * sizeof(float));
           }
         }
+        first += n;
+      }
+      first = 0;
+      for (const auto& c : chunks) {
+        const auto view = Attn::template make_view<float>(cache.k(layer), cache.v(layer), c.block_table, bs,
+                                                          shape_.num_kv_heads, shape_.head_dim);
+        const auto n = static_cast<std::int32_t>(c.tokens.size());
         Attn::attend(cpu{}, shape_, &q_[static_cast<std::size_t>(first * qs)], &att_[static_cast<std::size_t>(first * qs)],
                      c.start, n, view);
         first += n;

@@ -80,7 +80,8 @@ inline void insert_by_arrival(std::vector<Sequence*>& running, Sequence* seq) {
   running.insert(it, seq);
 }
 
-/// Applies a step's chunks: shared by every scheduler, so "computed" means the same everywhere.
+/// Applies a step's chunks: shared by every scheduler, so "computed" means the same everywhere. (The
+/// chunks' blocks were committed to the prefix cache when they were planned: plan_chunk.)
 /// Chunks of sequences finished since the plan was made are skipped (their blocks are gone).
 template <class A>
 void apply_plan(const StepPlan& plan, A& alloc) {
@@ -93,7 +94,6 @@ void apply_plan(const StepPlan& plan, A& alloc) {
                                 " tokens; call update() exactly once with the plan the last schedule() returned"));
     }
     seq.num_computed += chunk.count;
-    alloc.commit(seq);
   }
 }
 
@@ -195,6 +195,7 @@ class ContinuousBatchScheduler {
       }
       if (!grow_or_preempt(seq, seq.num_computed + count, alloc, plan)) break;  // seq itself was preempted
       push_chunk(plan, detail::make_chunk(seq, count));
+      alloc.commit(seq, seq.num_computed + count);
       budget -= count;
       ++i;
     }
@@ -310,6 +311,7 @@ class ContinuousBatchScheduler {
       detail::insert_by_arrival(running_, &seq);
       const std::int32_t count = std::min(needed, budget);
       push_chunk(plan, detail::make_chunk(seq, count));
+      alloc.commit(seq, seq.num_computed + count);  // later admissions of this step may share these blocks
       budget -= count;
     }
     return true;

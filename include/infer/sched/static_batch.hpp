@@ -121,6 +121,7 @@ class StaticBatchScheduler {
                                           "(max_input + max_output) at admission"));
       }
       push_chunk(plan, detail::make_chunk(*seq, count));
+      alloc.commit(*seq, seq->len());
     }
 
     while (!waiting_.empty() && running_.size() < static_cast<std::size_t>(MaxBatch)) {
@@ -133,6 +134,7 @@ class StaticBatchScheduler {
       waiting_.pop_front();
       running_.push_back(&seq);
       push_chunk(plan, detail::make_chunk(seq, seq.num_uncomputed()));
+      alloc.commit(seq, seq.len());
     }
 
     plan.chunks.insert(plan.chunks.end(), prefills_.begin(), prefills_.end());

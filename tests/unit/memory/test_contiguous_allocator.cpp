@@ -122,7 +122,7 @@ TEST_CASE("contiguous allocator: stats report slots, tokens and waste", "[memory
   auto s1 = make_seq(2, 3);
   REQUIRE(a.allocate(s0));
   REQUIRE(a.allocate(s1));
-  a.commit(s0);  // no-op
+  a.commit(s0, s0.num_computed);  // no-op
   REQUIRE(a.grow(s1, 4));
   auto st = a.stats();
   CHECK(st.block_size == 12);

@@ -45,7 +45,7 @@ std::int32_t admit_and_compute(A& alloc, Sequence& s) {
   const auto cached = alloc.allocate(s);
   REQUIRE(cached.has_value());
   s.num_computed = s.len();
-  alloc.commit(s);
+  alloc.commit(s, s.num_computed);
   return *cached;
 }
 
@@ -311,7 +311,7 @@ TEST_CASE("a prompt equal to a cached one still computes its last block", "[memo
   CHECK(t[2] != table(a, first)[2]);
   // Its recomputed last block has the same key as the cached one: the first entry stays.
   again.num_computed = 48;
-  a.commit(again);
+  a.commit(again, again.num_computed);
   CHECK_FALSE(a.pool().block(t[2]).hash.has_value());
   CHECK(a.pool().find(*a.pool().block(table(a, first)[2]).hash) == table(a, first)[2]);
 
@@ -337,29 +337,29 @@ TEST_CASE("commit registers only full computed blocks, once", "[memory][paged][p
   auto s = make_seq(1, iota(10, 0));
   REQUIRE(a.allocate(s) == 0);
   s.num_computed = 3;
-  a.commit(s);
+  a.commit(s, s.num_computed);
   CHECK(a.pool().num_cached() == 0);
   s.num_computed = 4;
-  a.commit(s);
+  a.commit(s, s.num_computed);
   CHECK(a.pool().num_cached() == 1);
   CHECK(a.pool().block(0).hash.has_value());
   s.num_computed = 10;
-  a.commit(s);
+  a.commit(s, s.num_computed);
   CHECK(a.pool().num_cached() == 2);
   CHECK_FALSE(a.pool().block(2).hash.has_value());
   // Decode: appended tokens extend the chain when they fill block 2.
   s.tokens.insert(s.tokens.end(), {10, 11});
   REQUIRE(a.grow(s, 12));
   s.num_computed = 12;
-  a.commit(s);
+  a.commit(s, s.num_computed);
   CHECK(a.pool().num_cached() == 3);
   auto probe = make_seq(2, concat(iota(12, 0), {99}));
   CHECK(a.allocate(probe) == 12);
 
   s.num_computed = 13;
-  CHECK_THROWS_WITH(a.commit(s), Catch::Contains("num_computed 13"));
+  CHECK_THROWS_WITH(a.commit(s, s.num_computed), Catch::Contains("commits 13 tokens"));
   auto unknown = make_seq(7, {1});
-  CHECK_THROWS_AS(a.commit(unknown), InvalidArgument);
+  CHECK_THROWS_AS(a.commit(unknown, 1), InvalidArgument);
 }
 
 TEST_CASE("two sequences computing the same blocks: the first registration wins", "[memory][paged][prefix]") {
@@ -369,8 +369,8 @@ TEST_CASE("two sequences computing the same blocks: the first registration wins"
   REQUIRE(a.allocate(s1) == 0);
   REQUIRE(a.allocate(s2) == 0);  // nothing committed yet: no hit
   s1.num_computed = s2.num_computed = 9;
-  a.commit(s1);
-  a.commit(s2);
+  a.commit(s1, s1.num_computed);
+  a.commit(s2, s2.num_computed);
   CHECK(a.pool().num_cached() == 2);
   CHECK(a.pool().block(table(a, s1)[0]).hash.has_value());
   CHECK_FALSE(a.pool().block(table(a, s2)[0]).hash.has_value());
@@ -502,4 +502,30 @@ TEMPLATE_TEST_CASE("block sizes 8, 16 and 32 share, cache and return every block
   CHECK(st.live_sequences == 0);
   CHECK(st.cached_blocks == 3);
   CHECK(st.wasted_slots() == 0);
+}
+
+TEST_CASE("blocks committed for a step that never runs are forgotten when their sequence is freed",
+          "[memory][paged][prefix]") {
+  PagedBlockAllocator<4> a(8);
+  auto planned = make_seq(1, iota(9, 0));
+  REQUIRE(a.allocate(planned) == 0);
+  a.commit(planned, 9);  // planned: blocks 0 and 1 will be full after this step
+  CHECK(a.pool().num_cached() == 2);
+  auto same_step = make_seq(2, concat(iota(8, 0), {50, 51}));
+  CHECK(a.allocate(same_step) == 8);  // shares them within the step
+  a.free(same_step);
+
+  a.free(planned);  // preempted before the step ran: num_computed is still 0
+  CHECK(a.pool().num_cached() == 0);
+  auto later = make_seq(3, iota(9, 0));
+  CHECK(a.allocate(later) == 0);  // no stale hit on content that was never written
+  a.free(later);
+
+  auto computed = make_seq(4, iota(9, 0));
+  REQUIRE(a.allocate(computed) == 0);
+  a.commit(computed, 9);
+  computed.num_computed = 9;  // this time the step ran
+  a.free(computed);
+  CHECK(a.pool().num_cached() == 2);
+  CHECK(a.num_free_blocks() == 8);
 }

@@ -82,11 +82,11 @@ class FakePagedAllocator {
     for (auto b : table) ++ref_[idx(b)];
     tables_[child.id] = std::move(table);
   }
-  void commit(Sequence& seq) {
+  void commit(Sequence& seq, std::int32_t num_tokens) {
     ++commit_calls;
-    committed[seq.id] = seq.num_computed;
+    committed[seq.id] = num_tokens;
   }
-  std::map<SeqId, std::int32_t> committed;  ///< num_computed at each sequence's last commit
+  std::map<SeqId, std::int32_t> committed;  ///< tokens committed at each sequence's last commit
 
   void free(Sequence& seq) {
     auto it = tables_.find(seq.id);
@@ -174,7 +174,7 @@ class FakeSlotAllocator {
     if (!allocate(probe)) return;
     copies_.push_back({slot_.at(parent.id), slot_.at(child.id)});
   }
-  void commit(Sequence&) {}
+  void commit(Sequence&, std::int32_t) {}
   void free(Sequence& seq) {
     auto it = slot_.find(seq.id);
     if (it == slot_.end()) {

@@ -159,7 +159,7 @@ TEST_CASE("a prompt longer than the budget is chunked with exact sizes; only the
   Sequence& s = sim.add(20, 2);
   CHECK(rows(sim.step()) == "1:0+8");
   CHECK(s.num_computed == 8);
-  CHECK(alloc.committed.at(1) == 8);  // update() committed what was computed
+  CHECK(alloc.committed.at(1) == 8);  // schedule() committed the chunk it planned
   CHECK(rows(sim.step()) == "1:8+8");
   CHECK(rows(sim.step()) == "1:16+4*");
   CHECK(s.num_computed == 20);
