@@ -7,20 +7,9 @@ import re
 import subprocess
 import sys
 
+from harness import check, finish
+
 bin_dir, model = sys.argv[1:3]
-failures = []
-passed = 0
-
-
-def check(cond, what):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(what)
-        print("FAILED:", what)
-
-
 r = subprocess.run([os.path.join(bin_dir, "infer-chat"), "--model", model, "--temperature", "0", "--max-tokens", "24"],
                    input="What is the capital of Italy?\n/reset\nName a color.\n/exit\n", capture_output=True,
                    text=True, timeout=300)
@@ -33,5 +22,4 @@ check(r.returncode == 0, f"infer-custom-policy exits 0: {r.stderr!r}")
 lengths = [int(m) for m in re.findall(r"\((\d+) prompt tokens\)", r.stdout)]
 check(len(lengths) == 4 and lengths == sorted(lengths), f"shortest prompt first: {lengths}")
 
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish()

@@ -7,23 +7,12 @@ import json
 import os
 import subprocess
 import sys
+
+from harness import check, finish
 import tempfile
 
 bin_dir, model, fixtures = sys.argv[1:4]
 exe = os.path.join(bin_dir, "infer-generate")
-failures = []
-passed = 0
-
-
-def check(cond, what):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(what)
-        print("FAILED:", what)
-
-
 def run(*args, timeout=600):
     return subprocess.run([exe, "--model", model, *args], capture_output=True, text=True, timeout=timeout)
 
@@ -95,5 +84,4 @@ check(r.returncode == 1 and "--kv-cache-memory" in r.stderr and "8192" in r.stde
 r = run()
 check(r.returncode == 2 and "no prompts" in r.stderr, f"no prompts: {r.stderr!r}")
 
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish()

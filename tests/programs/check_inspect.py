@@ -6,23 +6,12 @@ import json
 import os
 import subprocess
 import sys
+
+from harness import check, finish
 import tempfile
 
 bin_dir, model, fixtures = sys.argv[1:4]
 exe = os.path.join(bin_dir, "infer-inspect")
-failures = []
-passed = 0
-
-
-def check(cond, what):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(what)
-        print("FAILED:", what)
-
-
 def run(*args):
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
 
@@ -70,5 +59,4 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run(os.path.join(tmp, "missing.gguf"))
     check(r.returncode == 1 and "missing.gguf" in r.stderr, f"missing file: {r.stderr!r}")
 
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish()

@@ -7,23 +7,12 @@ import json
 import os
 import subprocess
 import sys
+
+from harness import check, finish
 import tempfile
 
 bin_dir, model, fixtures = sys.argv[1:4]
 exe = os.path.join(bin_dir, "infer-tokenize")
-failures = []
-passed = 0
-
-
-def check(cond, what):
-    global passed
-    if cond:
-        passed += 1
-    else:
-        failures.append(what)
-        print("FAILED:", what)
-
-
 def run(*args):
     return subprocess.run([exe, "--model", model, *args], capture_output=True, text=True, timeout=120)
 
@@ -78,5 +67,4 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run("--text", "x", "--chat", "--chat-template", "vicuna")
     check(r.returncode == 1 and "chat_template" in r.stderr and "chatml" in r.stderr, f"unknown template: {r.stderr!r}")
 
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish()

@@ -97,6 +97,17 @@ void apply_plan(const StepPlan& plan, A& alloc) {
   }
 }
 
+/// A forked child starts where its parent is (same computed tokens, same blocks) and runs right after it.
+template <class A>
+void join_as_sibling(std::vector<Sequence*>& running, std::vector<Sequence*>::iterator parent, Sequence& child,
+                     A& alloc) {
+  child.num_computed = (*parent)->num_computed;
+  child.num_cached_tokens = (*parent)->num_cached_tokens;
+  alloc.fork(**parent, child);
+  child.status = SeqStatus::running;
+  running.insert(parent + 1, &child);
+}
+
 /// Removes `seq` from `q` if present; true when it was there.
 template <class Container>
 bool erase_one(Container& q, const Sequence* seq) {
@@ -238,11 +249,7 @@ class ContinuousBatchScheduler {
       throw InvalidArgument(detail::cat("fork(): parent sequence ", parent->id,
                                         " is not running; fork a sequence after its prompt has been computed"));
     }
-    child->num_computed = parent->num_computed;
-    child->num_cached_tokens = parent->num_cached_tokens;
-    alloc.fork(*parent, *child);
-    child->status = SeqStatus::running;
-    running_.insert(it + 1, child);
+    detail::join_as_sibling(running_, it, *child, alloc);
   }
 
  private:

@@ -180,11 +180,7 @@ class StaticBatchScheduler {
                                         " slots are in use; ask for fewer samples (n) or build with a larger "
                                         "max_batch"));
     }
-    child->num_computed = parent->num_computed;
-    child->num_cached_tokens = parent->num_cached_tokens;
-    alloc.fork(*parent, *child);
-    child->status = SeqStatus::running;
-    running_.insert(it + 1, child);
+    detail::join_as_sibling(running_, it, *child, alloc);
   }
 
  private:
