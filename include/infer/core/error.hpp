@@ -24,6 +24,7 @@ enum class Errc {
   not_found,         ///< a key, tensor or token that was asked for does not exist
   tokenizer,         ///< tokenizer data is inconsistent, or text cannot be tokenized
   chat_template,     ///< a chat template is unknown or a conversation does not fit it
+  device,            ///< a CUDA / cuBLAS call failed (out of memory, launch failure, no device)
 };
 
 constexpr std::string_view to_string(Errc c) noexcept {
@@ -35,6 +36,7 @@ constexpr std::string_view to_string(Errc c) noexcept {
     case Errc::not_found: return "not_found";
     case Errc::tokenizer: return "tokenizer";
     case Errc::chat_template: return "chat_template";
+    case Errc::device: return "device";
   }
   return "unknown";
 }
@@ -62,6 +64,7 @@ INFER_DEFINE_ERROR(InvalidArgument, Errc::invalid_argument);
 INFER_DEFINE_ERROR(NotFoundError, Errc::not_found);
 INFER_DEFINE_ERROR(TokenizerError, Errc::tokenizer);
 INFER_DEFINE_ERROR(ChatTemplateError, Errc::chat_template);
+INFER_DEFINE_ERROR(DeviceError, Errc::device);
 #undef INFER_DEFINE_ERROR
 
 namespace detail {
