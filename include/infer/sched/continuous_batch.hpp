@@ -83,8 +83,7 @@ inline void insert_by_arrival(std::vector<Sequence*>& running, Sequence* seq) {
 /// Applies a step's chunks: shared by every scheduler, so "computed" means the same everywhere. (The
 /// chunks' blocks were committed to the prefix cache when they were planned: plan_chunk.)
 /// Chunks of sequences finished since the plan was made are skipped (their blocks are gone).
-template <class A>
-void apply_plan(const StepPlan& plan, A& alloc) {
+inline void apply_plan(const StepPlan& plan) {
   for (const auto& chunk : plan.chunks) {
     Sequence& seq = *chunk.seq;
     if (seq.status != SeqStatus::running) continue;
@@ -223,8 +222,8 @@ class ContinuousBatchScheduler {
   /// After the engine ran `plan` and appended the sampled tokens: each chunk's tokens are computed and
   /// their full blocks become prefix-cache entries.
   template <BlockAllocator A>
-  void update(const StepPlan& plan, A& alloc) {
-    detail::apply_plan(plan, alloc);
+  void update(const StepPlan& plan, A& /*alloc: blocks were committed when planned*/) {
+    detail::apply_plan(plan);
   }
 
   /// Retires a finished or aborted sequence wherever it is, returning its blocks. Idempotent.

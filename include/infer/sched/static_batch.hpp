@@ -144,9 +144,9 @@ class StaticBatchScheduler {
 
   template <class A>
     requires FixedShapeAllocator<A>
-  void update(const StepPlan& plan, A& alloc) {
+  void update(const StepPlan& plan, A& /*alloc*/) {
     check_shape<A>();
-    detail::apply_plan(plan, alloc);
+    detail::apply_plan(plan);
   }
 
   /// Retires a finished or aborted sequence; its slot is refilled on the next schedule(). Idempotent.

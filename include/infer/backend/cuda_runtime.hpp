@@ -1,0 +1,279 @@
+#pragma once
+/// \file
+/// The CUDA backend's own runtime layer: error checks, RAII device memory, streams, event timers, the
+/// weight arena and the KV-pool sizing rule. This is the one header of the backend that includes
+/// <cuda_runtime.h>; host metadata code (allocators, schedulers, block tables) never includes it, and
+/// kernel entry points (include/infer/kernels/cuda/) take plain `void*` streams instead.
+///
+/// Everything here is inline host code and nvcc-safe (messages through `detail::cat`, never fmt), so
+/// .cu files and g++-compiled tests can both include it. Without INFER_HAVE_CUDA the header is empty.
+///
+/// Namespace `infer::backend::cuda`: `infer::cuda` is the backend tag (core/backend.hpp), and a
+/// namespace of that name cannot coexist with it.
+
+#if defined(INFER_HAVE_CUDA)
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+#include "infer/core/error.hpp"
+
+namespace infer::backend::cuda {
+
+/// Throws DeviceError "<what>: <cudaErrorName>: <description>" unless `err` is cudaSuccess.
+/// `what` names the operation ("cudaMalloc of the KV pool", "add_rmsnorm launch"), so the message says
+/// both what failed and why.
+inline void check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  throw DeviceError(detail::cat(what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+}
+
+/// Free and total memory of the current device, in bytes (cudaMemGetInfo).
+struct MemoryInfo {
+  std::size_t free = 0;
+  std::size_t total = 0;
+};
+
+inline MemoryInfo memory_info() {
+  MemoryInfo m;
+  check(cudaMemGetInfo(&m.free, &m.total), "cudaMemGetInfo");
+  return m;
+}
+
+/// Bytes the KV pool may take: `gpu_memory_utilization * total - bytes_in_use`, vLLM's meaning of the
+/// flag — the fraction of the *whole* device this engine may occupy, weights and workspace
+/// (`bytes_in_use`) included. `total` is passed explicitly here so the arithmetic is testable; the
+/// overload below reads it from the device. InvalidArgument for a utilization outside (0, 1] (NaN
+/// included), and when the budget does not even cover what is already in use.
+inline std::size_t kv_pool_bytes(double gpu_memory_utilization, std::size_t bytes_in_use, std::size_t total) {
+  if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))
+    throw InvalidArgument(detail::cat("gpu_memory_utilization must be in (0, 1], got ", gpu_memory_utilization));
+  const double budget = std::floor(gpu_memory_utilization * static_cast<double>(total));
+  const auto budget_bytes = static_cast<std::size_t>(budget);
+  if (budget_bytes < bytes_in_use)
+    throw InvalidArgument(detail::cat("gpu_memory_utilization ", gpu_memory_utilization, " allows ", budget_bytes,
+                                      " bytes of the device's ", total, ", but ", bytes_in_use,
+                                      " bytes are already in use (weights and workspace), leaving nothing for the "
+                                      "KV cache; raise gpu_memory_utilization or use a smaller model"));
+  return budget_bytes - bytes_in_use;
+}
+
+/// As above, with `total` read from the current device.
+inline std::size_t kv_pool_bytes(double gpu_memory_utilization, std::size_t bytes_in_use) {
+  return kv_pool_bytes(gpu_memory_utilization, bytes_in_use, memory_info().total);
+}
+
+/// Owns one cudaMalloc allocation. Move-only; a moved-from or default buffer is empty (data() null).
+/// upload/download are synchronous copies from/to host memory of the same byte count or less.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+
+  /// Allocates `bytes` (none for 0). Out of memory → DeviceError naming the bytes asked for and the
+  /// bytes free on the device, so a user can tell a too-large request from a full device.
+  explicit DeviceBuffer(std::size_t bytes) : size_(bytes) {
+    if (bytes == 0) return;
+    const cudaError_t err = cudaMalloc(&data_, bytes);
+    if (err == cudaSuccess) return;
+    data_ = nullptr;
+    size_ = 0;
+    (void)cudaGetLastError();  // clear the (non-sticky) allocation error so later checks see only their own
+    std::size_t free = 0, total = 0;
+    const bool have_info = cudaMemGetInfo(&free, &total) == cudaSuccess;
+    if (err == cudaErrorMemoryAllocation)
+      throw DeviceError(detail::cat("cudaMalloc of ", bytes, " bytes (", static_cast<double>(bytes) / (1u << 30),
+                                    " GiB) failed: out of memory; ",
+                                    have_info ? detail::cat("the device has ", free, " bytes free of ", total)
+                                              : std::string("the device's free memory is unknown")));
+    check(err, detail::cat("cudaMalloc of ", bytes, " bytes").c_str());
+  }
+
+  ~DeviceBuffer() { release(); }
+
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] void* data() const noexcept { return data_; }
+  /// The allocation viewed as T (cudaMalloc aligns to at least 256 bytes).
+  template <class T>
+  [[nodiscard]] T* as() const noexcept {
+    return static_cast<T*>(data_);
+  }
+
+  /// Copies `host` to the start of the buffer (plus `offset_bytes`). InvalidArgument when it does not fit.
+  template <class T>
+  void upload(std::span<const T> host, std::size_t offset_bytes = 0) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const std::size_t bytes = host.size_bytes();
+    require_fits("upload", bytes, offset_bytes);
+    if (bytes == 0) return;
+    check(cudaMemcpy(static_cast<std::byte*>(data_) + offset_bytes, host.data(), bytes, cudaMemcpyHostToDevice),
+          "DeviceBuffer::upload (cudaMemcpy host to device)");
+  }
+  template <class T>
+  void upload(std::span<T> host, std::size_t offset_bytes = 0) {
+    upload(std::span<const T>(host), offset_bytes);
+  }
+
+  /// Copies the first `host.size_bytes()` bytes (from `offset_bytes`) into `host`.
+  template <class T>
+  void download(std::span<T> host, std::size_t offset_bytes = 0) const {
+    static_assert(std::is_trivially_copyable_v<T> && !std::is_const_v<T>);
+    const std::size_t bytes = host.size_bytes();
+    require_fits("download", bytes, offset_bytes);
+    if (bytes == 0) return;
+    check(cudaMemcpy(host.data(), static_cast<const std::byte*>(data_) + offset_bytes, bytes, cudaMemcpyDeviceToHost),
+          "DeviceBuffer::download (cudaMemcpy device to host)");
+  }
+
+  /// Sets every byte to `value` (0xff poisons f32 and bf16 alike with NaN). Synchronous.
+  void fill_bytes(unsigned char value) {
+    if (size_ == 0) return;
+    check(cudaMemset(data_, value, size_), "DeviceBuffer::fill_bytes (cudaMemset)");
+    check(cudaDeviceSynchronize(), "DeviceBuffer::fill_bytes (synchronize)");
+  }
+
+ private:
+  void require_fits(const char* op, std::size_t bytes, std::size_t offset) const {
+    if (offset > size_ || bytes > size_ - offset)
+      throw InvalidArgument(detail::cat("DeviceBuffer::", op, " of ", bytes, " bytes at offset ", offset,
+                                        " does not fit the buffer's ", size_, " bytes"));
+  }
+  void release() noexcept {
+    if (data_ != nullptr) (void)cudaFree(data_);  // errors here would be from earlier work; never throw
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// Owns a cudaStream_t (default flags: it synchronizes with the legacy default stream, so plain
+/// cudaMemcpy calls stay ordered with work on it). `handle()` is what kernel entry points take.
+class Stream {
+ public:
+  Stream() { check(cudaStreamCreate(&stream_), "cudaStreamCreate"); }
+  ~Stream() {
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  Stream(Stream&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)) {}
+  Stream& operator=(Stream&& o) noexcept {
+    if (this != &o) {
+      if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+      stream_ = std::exchange(o.stream_, nullptr);
+    }
+    return *this;
+  }
+
+  [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
+  [[nodiscard]] void* handle() const noexcept { return static_cast<void*>(stream_); }
+  void synchronize() const { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+/// Times work on a stream with two CUDA events: start(), enqueue work, stop(), then elapsed_ms()
+/// (which waits for the stop event).
+class EventTimer {
+ public:
+  EventTimer() {
+    check(cudaEventCreate(&start_), "cudaEventCreate (timer start)");
+    const cudaError_t err = cudaEventCreate(&stop_);
+    if (err != cudaSuccess) {
+      (void)cudaEventDestroy(start_);
+      check(err, "cudaEventCreate (timer stop)");
+    }
+  }
+  ~EventTimer() {
+    (void)cudaEventDestroy(start_);
+    (void)cudaEventDestroy(stop_);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+
+  void start(void* stream = nullptr) { check(cudaEventRecord(start_, static_cast<cudaStream_t>(stream)), "cudaEventRecord (timer start)"); }
+  void stop(void* stream = nullptr) { check(cudaEventRecord(stop_, static_cast<cudaStream_t>(stream)), "cudaEventRecord (timer stop)"); }
+  /// Milliseconds between start() and stop(); blocks until the stop event has completed.
+  [[nodiscard]] float elapsed_ms() const {
+    check(cudaEventSynchronize(stop_), "cudaEventSynchronize (timer stop)");
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+    return ms;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+};
+
+/// One cudaMalloc for all weights, handed out by bumping an offset: no per-tensor allocation, no
+/// fragmentation, one free at the end. Every allocation starts on a 256-byte boundary (what cudaMalloc
+/// itself guarantees, and more than any vector load needs). Not thread-safe; allocate at load time.
+class DeviceArena {
+ public:
+  static constexpr std::size_t kAlignment = 256;
+
+  DeviceArena() = default;
+  explicit DeviceArena(std::size_t capacity_bytes) : buffer_(capacity_bytes) {}
+
+  /// `bytes` of arena memory, 256-byte aligned. DeviceError naming the capacity when it does not fit.
+  [[nodiscard]] void* allocate(std::size_t bytes) {
+    const std::size_t start = align_up(used_);
+    if (start > buffer_.size() || bytes > buffer_.size() - start)
+      throw DeviceError(detail::cat("DeviceArena: allocating ", bytes, " bytes (at aligned offset ", start,
+                                    ") exceeds the arena's capacity of ", buffer_.size(), " bytes (", used_,
+                                    " used, ", buffer_.size() - (used_ < buffer_.size() ? used_ : buffer_.size()),
+                                    " left); size the arena from the model's weight bytes"));
+    used_ = start + bytes;
+    return static_cast<std::byte*>(buffer_.data()) + start;
+  }
+
+  /// `count` values of T.
+  template <class T>
+  [[nodiscard]] T* allocate(std::size_t count) {
+    if (count > std::numeric_limits<std::size_t>::max() / sizeof(T))
+      throw DeviceError(detail::cat("DeviceArena: ", count, " values of ", sizeof(T), " bytes overflow size_t"));
+    return static_cast<T*>(allocate(count * sizeof(T)));
+  }
+
+  [[nodiscard]] std::size_t capacity() const noexcept { return buffer_.size(); }
+  [[nodiscard]] std::size_t used() const noexcept { return used_; }
+  [[nodiscard]] void* base() const noexcept { return buffer_.data(); }
+  /// Forgets every allocation (the memory stays allocated).
+  void reset() noexcept { used_ = 0; }
+
+  /// Rounds up to the arena's alignment (saturating, so a huge `n` fails the capacity check, not wraps).
+  [[nodiscard]] static constexpr std::size_t align_up(std::size_t n) noexcept {
+    if (n > std::numeric_limits<std::size_t>::max() - (kAlignment - 1)) return std::numeric_limits<std::size_t>::max();
+    return (n + kAlignment - 1) / kAlignment * kAlignment;
+  }
+
+ private:
+  DeviceBuffer buffer_;
+  std::size_t used_ = 0;
+};
+
+}  // namespace infer::backend::cuda
+
+#endif  // INFER_HAVE_CUDA

@@ -1,0 +1,65 @@
+#pragma once
+/// \file
+/// CUDA paged attention over the KV layout of the CPU engine: per layer, K and V each
+/// `[num_blocks][block_size][num_kv_heads][head_dim]` bf16, token `p` of sequence `s` in block
+/// `block_tables[s][p / block_size]` at row `p % block_size` (the same addressing as PagedKvView).
+///
+/// Two entry points (kernels/cuda/paged_decode_attention.cu, kernels/cuda/paged_prefill_attention.cu):
+///  - decode: one query token per sequence at position seq_len - 1 (flash-decoding: long contexts are
+///    split across thread blocks that each produce a partial softmax state, then merged);
+///  - prefill / chunked prefill: queries of a chunk at positions start..start+count-1 attend causally to
+///    cache positions 0..position (the chunk's own K/V rows must already be in the cache).
+/// q in bf16, softmax and accumulation in f32, out in bf16. GQA: query head h reads KV head
+/// h / (num_heads / num_kv_heads). head_dim 64 or 128; block_size a power of two in [1, 1024].
+///
+/// This header includes no CUDA header: device pointers are typed host pointers, bf16 values are
+/// `std::uint16_t` bits and a stream is a `void*` (cudaStream_t; nullptr = the legacy default stream).
+/// Every call is asynchronous and never synchronizes with the host (CUDA-graph capturable: the grid
+/// depends on the shapes only, never on the device-side lengths). Bad arguments throw InvalidArgument;
+/// a failed launch throws DeviceError with CUDA's message.
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(INFER_HAVE_CUDA)
+namespace infer::kernels::cuda {
+
+/// One layer of a batch of paged sequences, FlashInfer-style: plain pointers and sizes, all on the device.
+struct PagedKvBatch {
+  const std::uint16_t* k = nullptr;           ///< this layer's K storage (bf16 bits)
+  const std::uint16_t* v = nullptr;           ///< this layer's V storage (bf16 bits)
+  const std::int32_t* block_tables = nullptr;  ///< [num_seqs][max_blocks_per_seq], device
+  const std::int32_t* seq_lens = nullptr;      ///< [num_seqs] tokens in the cache (incl. this step's), device
+  std::int32_t num_seqs = 0;
+  std::int32_t max_blocks_per_seq = 0;
+  std::int32_t block_size = 0;
+  std::int32_t num_kv_heads = 0;
+  std::int32_t head_dim = 0;
+};
+
+/// How many thread blocks split each sequence's context in `paged_decode_attention` for this shape on the
+/// current device: chosen from the context capacity (max_blocks_per_seq * block_size) and the SM count so
+/// that num_seqs * num_kv_heads * splits fills the GPU, each split covering at least 256 positions.
+/// 1 means no split (no workspace, no merge).
+[[nodiscard]] int paged_decode_num_splits(const PagedKvBatch& batch, int num_heads);
+
+/// Bytes of f32 workspace `paged_decode_attention` needs for this shape (0 when it does not split).
+[[nodiscard]] std::size_t paged_decode_workspace_bytes(const PagedKvBatch& batch, int num_heads);
+
+/// Decode attention: out[s][h][:] = softmax_p(q[s][h] · K[p] · scale) · V[p] over p < seq_lens[s].
+/// q and out are [num_seqs][num_heads][head_dim] bf16 on the device. `workspace` (device, f32) must hold
+/// at least `paged_decode_workspace_bytes(batch, num_heads)` bytes. A sequence with seq_len <= 0 gets zeros.
+void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, int num_heads, float scale,
+                            std::uint16_t* out, float* workspace, std::size_t workspace_bytes, void* stream);
+
+/// Prefill / chunked prefill: the queries of sequence s are rows q_indptr[s]..q_indptr[s+1]-1 of
+/// q [total_q][num_heads][head_dim] (bf16, device), at positions q_start[s] + i; query i attends to
+/// cache positions 0..q_start[s] + i. q_indptr [num_seqs + 1] and q_start [num_seqs] are on the device.
+/// Chunks may be at most max_blocks_per_seq * block_size queries long (the grid is sized from that
+/// bound, since the lengths stay on the device). out has q's shape.
+void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, const std::int32_t* q_indptr,
+                             const std::int32_t* q_start, int num_heads, float scale, std::uint16_t* out,
+                             void* stream);
+
+}  // namespace infer::kernels::cuda
+#endif

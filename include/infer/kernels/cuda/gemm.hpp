@@ -1,0 +1,103 @@
+#pragma once
+/// \file
+/// Linear layers on the GPU: y[M][N] = x[M][K] · W[N][K]ᵀ, W row-major [out][in] as every linear weight
+/// is stored (GGUF, safetensors). Three entry points:
+///
+/// - `Gemm`: bf16 × bf16 through cuBLASLt, bf16 out, or f32 out with `beta` (y = x·Wᵀ + beta·y, so an
+///   output projection adds into the f32 residual stream in place). The prefill / large-batch path.
+/// - `gguf_gemv`: M = 1..8 rows against GGUF weights kept in their blocks, dequantized in registers. Batch-1
+///   decode is bound by reading the weights, which are 2-5× smaller in their blocks than in bf16.
+/// - `gguf_gemm`: M > 8: dequantizes W into a caller-given bf16 scratch, then runs the bf16 `Gemm`.
+///
+/// Compiled in kernels/cuda/gemm.cu and kernels/cuda/gguf_gemv.cu; this header includes no CUDA header
+/// (bf16 values are their `std::uint16_t` bits, streams are `void*` = cudaStream_t, nullptr = legacy
+/// default stream). Every call only enqueues work: nothing here synchronizes with the host.
+
+#if defined(INFER_HAVE_CUDA)
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "infer/core/dtype.hpp"
+
+namespace infer::kernels::cuda {
+
+/// A cuBLASLt handle, its workspace, and one cached plan per problem: the matmul descriptor, the three
+/// matrix layouts and the heuristic's best algorithm, keyed by (M, N, K, output type, pointer
+/// alignments). The first call of a shape asks the heuristic (host work only); later calls of that shape
+/// allocate nothing and make no query, so they are fit for the hot path and for CUDA graph capture.
+///
+/// Row-major ↔ column-major: cuBLAS is column-major, and a row-major [R][C] matrix is the same bytes as
+/// a column-major C×R matrix with leading dimension C. So row-major y[M][N] = x[M][K]·W[N][K]ᵀ is,
+/// column-major, yᶜ(N×M, ld N) = Wᶜ(K×N, ld K)ᵀ · xᶜ(K×M, ld K): cuBLAS's A = W with op T, B = x with
+/// op N, m = N, n = M, k = K ("TN", the layout Hopper's kernels prefer). No copy or transpose is made.
+///
+/// Not thread-safe: use one `Gemm` per host thread (or lock). Streams may differ per call, but calls that
+/// share a `Gemm` share its workspace, so they must not run concurrently on different streams.
+class Gemm {
+ public:
+  /// 32 MiB is what NVIDIA recommends for Hopper's cuBLASLt kernels.
+  static constexpr std::size_t kDefaultWorkspaceBytes = std::size_t{32} << 20;
+
+  /// Creates the handle and allocates the workspace on the current device. DeviceError on failure.
+  explicit Gemm(std::size_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~Gemm();
+  Gemm(Gemm&&) noexcept;
+  Gemm& operator=(Gemm&&) noexcept;
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  /// y[M][N] (bf16) = x[M][K] (bf16) · w[N][K]ᵀ (bf16), accumulated in f32. Device pointers, any
+  /// 2-byte alignment (less aligned pointers get slower algorithms). M or N of 0 does nothing;
+  /// InvalidArgument for negative sizes, K < 1 or null pointers; DeviceError when cuBLASLt fails.
+  void run(const std::uint16_t* x, const std::uint16_t* w, std::uint16_t* y, std::int64_t M, std::int64_t N,
+           std::int64_t K, void* stream);
+
+  /// y[M][N] (f32) = x · wᵀ + beta · y. beta = 0 overwrites y (its old contents, even NaN, are ignored);
+  /// beta = 1 adds into it (the residual stream).
+  void run(const std::uint16_t* x, const std::uint16_t* w, float* y, std::int64_t M, std::int64_t N, std::int64_t K,
+           float beta, void* stream);
+
+  /// Number of cached plans (one per distinct problem seen).
+  [[nodiscard]] std::size_t cached_plans() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The largest M `gguf_gemv` accepts; above it the weights are better dequantized once (`gguf_gemm`).
+inline constexpr int kGemvMaxRows = 8;
+
+/// y[M][N] (bf16) = x[M][K] (bf16) · W[N][K]ᵀ with W in GGUF blocks: `w_blocks` holds N rows of
+/// K / block_elems blocks each (the tensor exactly as in the file). Types q8_0, q4_0, q4_1, q4_k, q6_k.
+/// One warp per output row (rows strided over a grid sized to the GPU), x staged in shared memory when
+/// it fits, weight blocks streamed through shared memory with 16-byte asynchronous copies, f32 sums.
+/// Requirements: 1 ≤ M ≤ 8, K > 0 a multiple of the block size, x 16-byte aligned, w 2-byte aligned
+/// (its f16 fields), y 2-byte aligned. InvalidArgument otherwise (UnsupportedError for other types);
+/// DeviceError if the launch fails. N of 0 does nothing.
+void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
+               std::uint16_t* y_bf16, void* stream);
+
+/// y[M][N] (bf16) = x · Wᵀ for any M: dequantizes `w_blocks` (any type `dequantize` takes) into
+/// `w_scratch_bf16` (N * K values, device memory the caller owns and may reuse once the stream has
+/// passed this call) and runs `gemm`. Meant for M > kGemvMaxRows (prefill), where the bf16 GEMM's
+/// tensor cores win over decoding blocks per row.
+void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
+               std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
+
+/// `gguf_gemv` for M ≤ kGemvMaxRows and a type it takes, `gguf_gemm` otherwise (`w_scratch_bf16` may then
+/// be null when M ≤ kGemvMaxRows).
+void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
+                 std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
+
+/// Whether `gguf_gemv` takes this weight type.
+[[nodiscard]] constexpr bool gemv_supports(DType type) noexcept {
+  return type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_1 || type == DType::q4_k ||
+         type == DType::q6_k;
+}
+
+}  // namespace infer::kernels::cuda
+
+#endif

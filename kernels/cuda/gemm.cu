@@ -1,0 +1,207 @@
+// bf16 GEMM through cuBLASLt (y = x·Wᵀ, W row-major [N][K]) and the dequantize-then-GEMM path for GGUF
+// weights at large M. The row-major ↔ column-major mapping is documented in kernels/cuda/gemm.hpp.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "infer/core/error.hpp"
+#include "infer/kernels/cuda/gemm.hpp"
+#include "infer/quant/dequantize.hpp"
+
+namespace infer::kernels::cuda {
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw DeviceError(detail::cat("cuda::Gemm: ", what, " failed: ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+}
+
+void check_lt(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw DeviceError(detail::cat("cuda::Gemm: ", what, " failed: ", cublasLtGetStatusName(s), ": ",
+                                  cublasLtGetStatusString(s)));
+}
+
+/// The largest power of two (≤ 256, cuBLASLt's default assumption) dividing the address.
+std::uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
+enum class OutType : std::uint8_t { bf16, f32 };
+
+struct Key {
+  std::int64_t m, n, k;
+  OutType out;
+  std::uint32_t align_x, align_w, align_y;
+  auto tie() const { return std::tie(m, n, k, out, align_x, align_w, align_y); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+/// Everything one problem needs, made once.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // A = W, B = x, C = D = y
+  cublasLtMatmulAlgo_t algo{};
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  Plan(Plan&& o) noexcept : desc(o.desc), a(o.a), b(o.b), c(o.c), algo(o.algo) { o.desc = nullptr; o.a = o.b = o.c = nullptr; }
+  ~Plan() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t p = nullptr;
+  Preference() { check_lt(cublasLtMatmulPreferenceCreate(&p), "cublasLtMatmulPreferenceCreate"); }
+  ~Preference() { cublasLtMatmulPreferenceDestroy(p); }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+};
+
+}  // namespace
+
+struct Gemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  std::map<Key, Plan> plans;
+
+  explicit Impl(std::size_t ws) : workspace_bytes(ws) {
+    check_lt(cublasLtCreate(&handle), "cublasLtCreate");
+    if (ws > 0) {
+      const cudaError_t e = cudaMalloc(&workspace, ws);
+      if (e != cudaSuccess) {
+        cublasLtDestroy(handle);
+        check_cuda(e, "cudaMalloc of the cuBLASLt workspace");
+      }
+    }
+  }
+  ~Impl() {
+    plans.clear();
+    if (workspace) cudaFree(workspace);
+    if (handle) cublasLtDestroy(handle);
+  }
+
+  const Plan& plan(const Key& key) {
+    if (auto it = plans.find(key); it != plans.end()) return it->second;
+    Plan p;
+    const cudaDataType_t out_type = key.out == OutType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t), "set TRANSA");
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n), "set TRANSB");
+    // Column-major views (see the header): W is K×N (ld K), x is K×M (ld K), y is N×M (ld N).
+    check_lt(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, static_cast<std::uint64_t>(key.k),
+                                        static_cast<std::uint64_t>(key.n), key.k),
+             "cublasLtMatrixLayoutCreate(W)");
+    check_lt(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, static_cast<std::uint64_t>(key.k),
+                                        static_cast<std::uint64_t>(key.m), key.k),
+             "cublasLtMatrixLayoutCreate(x)");
+    check_lt(cublasLtMatrixLayoutCreate(&p.c, out_type, static_cast<std::uint64_t>(key.n),
+                                        static_cast<std::uint64_t>(key.m), key.n),
+             "cublasLtMatrixLayoutCreate(y)");
+    Preference pref;
+    const std::uint64_t ws = workspace_bytes;
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+             "set MAX_WORKSPACE_BYTES");
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_w,
+                                                  sizeof key.align_w),
+             "set MIN_ALIGNMENT_A_BYTES");
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_x,
+                                                  sizeof key.align_x),
+             "set MIN_ALIGNMENT_B_BYTES");
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_y,
+                                                  sizeof key.align_y),
+             "set MIN_ALIGNMENT_C_BYTES");
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_y,
+                                                  sizeof key.align_y),
+             "set MIN_ALIGNMENT_D_BYTES");
+    // Split-K partial sums only in f32 (the compute type): the INPLACE / OUTPUT_TYPE schemes keep them in
+    // the output type, and bf16 partials cost ~2^-9 of the partial sums' size — caught by the tests on
+    // weights with a nonzero mean (Q4_1's mins), where partial sums are large next to the result.
+    const std::uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                  sizeof reduction),
+             "set REDUCTION_SCHEME_MASK");
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    check_lt(cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref.p, 1, &result, &found),
+             "cublasLtMatmulAlgoGetHeuristic");
+    if (found == 0)
+      throw DeviceError(detail::cat("cuda::Gemm: cuBLASLt has no algorithm for M=", key.m, " N=", key.n, " K=", key.k,
+                                    key.out == OutType::bf16 ? " (bf16 out)" : " (f32 out)"));
+    p.algo = result.algo;
+    return plans.emplace(key, std::move(p)).first->second;
+  }
+
+  void run(const void* x, const void* w, void* y, OutType out, std::int64_t M, std::int64_t N, std::int64_t K,
+           float beta, void* stream) {
+    const char* name = out == OutType::bf16 ? "bf16" : "f32";
+    if (M < 0 || N < 0 || K < 1)
+      throw InvalidArgument(detail::cat("cuda::Gemm::run(", name, " out): bad shape M=", M, " N=", N, " K=", K,
+                                        " (need M, N >= 0 and K >= 1)"));
+    if (M == 0 || N == 0) return;
+    if (x == nullptr || w == nullptr || y == nullptr)
+      throw InvalidArgument(detail::cat("cuda::Gemm::run(", name, " out): null ",
+                                        x == nullptr ? "x" : (w == nullptr ? "w" : "y"), " pointer for M=", M, " N=", N,
+                                        " K=", K));
+    const Key key{M, N, K, out, alignment_of(x), alignment_of(w), alignment_of(y)};
+    const Plan& p = plan(key);
+    const float alpha = 1.0f;
+    check_lt(cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
+                            workspace_bytes, static_cast<cudaStream_t>(stream)),
+             "cublasLtMatmul");
+  }
+};
+
+Gemm::Gemm(std::size_t workspace_bytes) : impl_(std::make_unique<Impl>(workspace_bytes)) {}
+Gemm::~Gemm() = default;
+Gemm::Gemm(Gemm&&) noexcept = default;
+Gemm& Gemm::operator=(Gemm&&) noexcept = default;
+
+void Gemm::run(const std::uint16_t* x, const std::uint16_t* w, std::uint16_t* y, std::int64_t M, std::int64_t N,
+               std::int64_t K, void* stream) {
+  impl_->run(x, w, y, OutType::bf16, M, N, K, 0.0f, stream);
+}
+
+void Gemm::run(const std::uint16_t* x, const std::uint16_t* w, float* y, std::int64_t M, std::int64_t N,
+               std::int64_t K, float beta, void* stream) {
+  impl_->run(x, w, y, OutType::f32, M, N, K, beta, stream);
+}
+
+std::size_t Gemm::cached_plans() const noexcept { return impl_ ? impl_->plans.size() : 0; }
+
+void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
+               std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream) {
+  const DTypeInfo ti = info(type);
+  if (M < 0 || N < 0 || K < 1 || K % ti.block_elems != 0)
+    throw InvalidArgument(detail::cat("cuda::gguf_gemm(", ti.name, "): bad shape M=", M, " N=", N, " K=", K,
+                                      " (K must be a positive multiple of the block size ", ti.block_elems, ")"));
+  if (M == 0 || N == 0) return;
+  if (w_scratch_bf16 == nullptr)
+    throw InvalidArgument(detail::cat("cuda::gguf_gemm(", ti.name, "): null bf16 scratch for N=", N, " K=", K));
+  dequantize(type, w_blocks, w_scratch_bf16, static_cast<std::size_t>(N) * static_cast<std::size_t>(K), stream);
+  gemm.run(x_bf16, w_scratch_bf16, y_bf16, M, N, K, stream);
+}
+
+void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
+                 std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream) {
+  if (M >= 1 && M <= kGemvMaxRows && gemv_supports(type))
+    gguf_gemv(type, w_blocks, x_bf16, static_cast<int>(M), N, K, y_bf16, stream);
+  else
+    gguf_gemm(gemm, type, w_blocks, x_bf16, M, N, K, w_scratch_bf16, y_bf16, stream);
+}
+
+}  // namespace infer::kernels::cuda

@@ -1,0 +1,419 @@
+// Linear layers on the GPU (kernels/cuda/gemm.cu, gguf_gemv.cu) against the CPU reference
+// cpu::gemm_xwt in f32 on the very same inputs (bf16 x and W as floats; GGUF W through cpu::dequantize,
+// rounded to bf16 where the GPU path rounds it). Inputs are fresh random values from fixed seeds (shown
+// on failure); outputs are poisoned with NaN first, so an element never written fails.
+//
+// Error bound, per element, with A = Σ_k |x_mk·w_nk| (the same GEMM on absolute values):
+//   |got − ref| ≤ 2^-8·|ref| + c·K·2^-24·A
+// 2^-8: a bf16 output carries ≤ 2^-9 relative rounding error (doubled for slack; f32 outputs use 2^-20).
+// K·2^-24·A: the worst-case f32 accumulation error of a K-term sum, for each of GPU and CPU, whose
+// summation orders differ; c = 2 for the GEMMs, c = 8 for the fused GEMV, whose scale folding
+// (a·Σq·x + b·Σx, see gguf_gemv.cu) sums terms up to ~4× larger than |w|·|x| for Q4_1/Q4_K's mins.
+// Also, over the whole output: relative Frobenius error ≤ 1e-2 (bf16: ~1e-3 expected).
+#include <catch2/catch.hpp>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "infer/core/dtype.hpp"
+#include "infer/core/error.hpp"
+#include "infer/core/half.hpp"
+#include "infer/kernels/cpu_ops.hpp"
+#include "infer/kernels/cuda/gemm.hpp"
+#include "infer/quant/dequantize.hpp"
+
+using namespace infer;
+namespace kc = infer::kernels::cuda;
+
+namespace {
+
+#define CUDA_REQUIRE(expr)                                                    \
+  do {                                                                        \
+    const cudaError_t e_ = (expr);                                            \
+    INFO(#expr << ": " << cudaGetErrorString(e_));                            \
+    REQUIRE(e_ == cudaSuccess);                                               \
+  } while (0)
+
+/// Device buffer freed on scope exit.
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) { CUDA_REQUIRE(cudaMalloc(&p, bytes == 0 ? 1 : bytes)); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T>
+  T* as(std::size_t byte_offset = 0) const {
+    return reinterpret_cast<T*>(static_cast<char*>(p) + byte_offset);
+  }
+};
+
+template <class T>
+void upload(void* dst, const std::vector<T>& v) {
+  CUDA_REQUIRE(cudaMemcpy(dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+template <class T>
+std::vector<T> download(const void* src, std::size_t n) {
+  std::vector<T> v(n);
+  CUDA_REQUIRE(cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+/// Random bf16 bits, N(0, 1) rounded.
+std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<std::uint16_t> v(n);
+  for (auto& b : v) b = f32_to_bf16(d(rng));
+  return v;
+}
+
+std::vector<float> to_f32(const std::vector<std::uint16_t>& b) {
+  std::vector<float> f(b.size());
+  for (std::size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_f32(b[i]);
+  return f;
+}
+
+std::vector<float> round_bf16(std::vector<float> v) {
+  for (auto& f : v) f = bf16_to_f32(f32_to_bf16(f));
+  return v;
+}
+
+std::vector<float> abs_of(std::vector<float> v) {
+  for (auto& f : v) f = std::fabs(f);
+  return v;
+}
+
+/// Offsets of the f16 scales within a block (kept finite and small; random bits would give inf/NaN).
+std::vector<std::size_t> scale_offsets(DType t) {
+  switch (t) {
+    case DType::q8_0:
+    case DType::q4_0: return {0};
+    case DType::q4_1:
+    case DType::q4_k:
+    case DType::q5_k: return {0, 2};
+    case DType::q6_k: return {208};
+    default: return {};
+  }
+}
+
+/// Random blocks: random code bytes, f16 scales uniform in ±0.05.
+std::vector<std::byte> random_blocks(DType t, std::size_t elems, std::mt19937& rng) {
+  const DTypeInfo ti = info(t);
+  std::vector<std::byte> b(*row_bytes(t, elems));
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  for (auto& x : b) x = static_cast<std::byte>(rng() & 0xff);
+  for (std::size_t blk = 0; blk < elems / ti.block_elems; ++blk)
+    for (std::size_t off : scale_offsets(t)) {
+      const std::uint16_t h = f32_to_f16(u(rng));
+      std::memcpy(b.data() + blk * ti.block_bytes + off, &h, 2);
+    }
+  return b;
+}
+
+struct Reference {
+  std::vector<float> y, abs_y;  // x·wᵀ and |x|·|w|ᵀ, [M][N]
+};
+
+Reference reference(const std::vector<float>& x, const std::vector<float>& w, std::int64_t M, std::int64_t N,
+                    std::int64_t K) {
+  Reference r{std::vector<float>(static_cast<std::size_t>(M * N)), std::vector<float>(static_cast<std::size_t>(M * N))};
+  kernels::cpu::gemm_xwt(x.data(), w.data(), r.y.data(), M, N, K);
+  const auto ax = abs_of(x), aw = abs_of(w);
+  kernels::cpu::gemm_xwt(ax.data(), aw.data(), r.abs_y.data(), M, N, K);
+  return r;
+}
+
+/// Checks the bound of the file comment; `rel` is 2^-8 for bf16 outputs, `c` the accumulation factor.
+void check_close(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& abs_ref,
+                 std::int64_t K, double rel, double c) {
+  REQUIRE(got.size() == ref.size());
+  const double acc = c * static_cast<double>(K) * std::ldexp(1.0, -24);
+  int bad = 0;
+  double err2 = 0, ref2 = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    const double bound = rel * std::fabs(ref[i]) + acc * abs_ref[i] + 1e-30;
+    if (!(d <= bound) && ++bad <= 5) FAIL_CHECK("element " << i << ": got " << got[i] << ", want " << ref[i] << " ± " << bound);
+    err2 += std::isfinite(d) ? d * d : 1e30;
+    ref2 += static_cast<double>(ref[i]) * ref[i];
+  }
+  CHECK(bad == 0);
+  const double frob = std::sqrt(err2 / std::max(ref2, 1e-30));
+  INFO("relative Frobenius error " << frob);
+  CHECK(frob <= 1e-2);
+}
+
+const DType kGemvTypes[] = {DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k};
+
+}  // namespace
+
+TEST_CASE("cuda::Gemm bf16 -> bf16 matches gemm_xwt", "[cuda][gemm]") {
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  kc::Gemm gemm;
+  struct Shape {
+    std::int64_t M, N, K;
+  };
+  // M = 1..8 and 100+; N, K off every tile size (odd K: rows only 2-byte aligned).
+  const Shape shapes[] = {{1, 64, 256},  {2, 333, 77},  {3, 1000, 1000}, {4, 17, 8},    {5, 128, 129},
+                          {6, 1, 512},   {7, 255, 300}, {8, 2048, 512},  {100, 333, 77}, {128, 1000, 1000},
+                          {257, 130, 64}};
+  std::uint32_t seed = 1000;
+  for (const Shape& s : shapes) {
+    for (std::size_t shift : {0, 1}) {  // shift: every pointer one element off its 256-byte alignment
+      ++seed;
+      INFO("M=" << s.M << " N=" << s.N << " K=" << s.K << " pointer shift " << shift << " seed " << seed);
+      std::mt19937 rng(seed);
+      const auto xb = random_bf16(static_cast<std::size_t>(s.M * s.K), rng);
+      const auto wb = random_bf16(static_cast<std::size_t>(s.N * s.K), rng);
+      const Reference r = reference(to_f32(xb), to_f32(wb), s.M, s.N, s.K);
+      DeviceBuffer dx((xb.size() + shift) * 2), dw((wb.size() + shift) * 2), dy((r.y.size() + shift) * 2);
+      CUDA_REQUIRE(cudaMemcpy(dx.as<std::uint16_t>(2 * shift), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_REQUIRE(cudaMemcpy(dw.as<std::uint16_t>(2 * shift), wb.data(), wb.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_REQUIRE(cudaMemset(dy.p, 0xff, (r.y.size() + shift) * 2));  // 0xffff: bf16 NaN
+      gemm.run(dx.as<std::uint16_t>(2 * shift), dw.as<std::uint16_t>(2 * shift), dy.as<std::uint16_t>(2 * shift), s.M,
+               s.N, s.K, stream);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      const auto got = to_f32(download<std::uint16_t>(dy.as<std::uint16_t>(2 * shift), r.y.size()));
+      check_close(got, r.y, r.abs_y, s.K, std::ldexp(1.0, -8), 2.0);
+    }
+  }
+  // One plan per distinct (shape, alignment); a repeated call reuses it.
+  const std::size_t plans = gemm.cached_plans();
+  CHECK(plans == 2 * std::size(shapes));
+  {
+    DeviceBuffer dx(2 * 64), dw(2 * 64 * 256), dy(2 * 64);
+    gemm.run(dx.as<std::uint16_t>(), dw.as<std::uint16_t>(), dy.as<std::uint16_t>(), 0, 64, 256, stream);  // M = 0: no-op
+    CHECK(gemm.cached_plans() == plans);
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("cuda::Gemm bf16 -> f32 with beta accumulates in place", "[cuda][gemm]") {
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  kc::Gemm gemm;
+  struct Case {
+    std::int64_t M, N, K;
+    float beta;
+  };
+  const Case cases[] = {{1, 576, 1536, 1.0f}, {3, 333, 77, 0.5f}, {8, 1000, 256, 0.0f},
+                        {100, 257, 320, 1.0f}, {130, 64, 1000, -2.0f}, {5, 7, 32, 0.0f}};
+  std::uint32_t seed = 2000;
+  for (const Case& c : cases) {
+    ++seed;
+    INFO("M=" << c.M << " N=" << c.N << " K=" << c.K << " beta " << c.beta << " seed " << seed);
+    std::mt19937 rng(seed);
+    const auto xb = random_bf16(static_cast<std::size_t>(c.M * c.K), rng);
+    const auto wb = random_bf16(static_cast<std::size_t>(c.N * c.K), rng);
+    Reference r = reference(to_f32(xb), to_f32(wb), c.M, c.N, c.K);
+    // y0: the residual stream; with beta = 0 it is NaN and must be ignored.
+    std::vector<float> y0(r.y.size());
+    std::normal_distribution<float> nd(0.0f, 4.0f);
+    for (auto& v : y0) v = c.beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : nd(rng);
+    for (std::size_t i = 0; i < y0.size(); ++i) {
+      if (c.beta != 0.0f) {
+        r.y[i] += c.beta * y0[i];
+        r.abs_y[i] += std::fabs(c.beta * y0[i]);
+      }
+    }
+    DeviceBuffer dx(xb.size() * 2), dw(wb.size() * 2), dy(y0.size() * 4);
+    upload(dx.p, xb);
+    upload(dw.p, wb);
+    upload(dy.p, y0);
+    gemm.run(dx.as<std::uint16_t>(), dw.as<std::uint16_t>(), dy.as<float>(), c.M, c.N, c.K, c.beta, stream);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    const auto got = download<float>(dy.p, y0.size());
+    check_close(got, r.y, r.abs_y, c.K, std::ldexp(1.0, -20), 2.0);
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("cuda::gguf_gemv matches dequantize + gemm_xwt for every type", "[cuda][gemm]") {
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  std::uint32_t seed = 3000;
+  for (DType t : kGemvTypes) {
+    const std::int64_t be = info(t).block_elems;
+    struct Shape {
+      std::int64_t N, K;
+    };
+    // Odd block counts per row (rows off 16-byte alignment), one and several pipeline steps per row,
+    // N not a multiple of the 8 rows of a CTA, and N large enough that warps loop over rows;
+    // K = 7168 and M ≥ 3 put x (≥ 42 KiB) over the 32 KiB shared-memory staging limit.
+    const Shape shapes[] = {{333, be * (be == 32 ? 67 : 9)}, {7, be}, {5000, 4096}, {61, 7168}};
+    for (const Shape& s : shapes) {
+      for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
+        if (s.N == 5000 && M != 1 && M != 3 && M != 8) continue;  // keep the CPU reference quick
+        ++seed;
+        // Odd M: the weights start 2 bytes past a 16-byte boundary (the kernel's unaligned edges).
+        const std::size_t w_shift = (M % 2) ? 2 : 0;
+        INFO("type " << name(t) << " M=" << M << " N=" << s.N << " K=" << s.K << " weight shift " << w_shift
+                     << " seed " << seed);
+        std::mt19937 rng(seed);
+        const auto blocks = random_blocks(t, static_cast<std::size_t>(s.N * s.K), rng);
+        std::vector<float> w(static_cast<std::size_t>(s.N * s.K));
+        kernels::cpu::dequantize(t, blocks, w);
+        const auto xb = random_bf16(static_cast<std::size_t>(M * s.K), rng);
+        const Reference r = reference(to_f32(xb), w, M, s.N, s.K);
+
+        DeviceBuffer dw(blocks.size() + w_shift), dx(xb.size() * 2), dy(r.y.size() * 2);
+        CUDA_REQUIRE(cudaMemcpy(dw.as<std::byte>(w_shift), blocks.data(), blocks.size(), cudaMemcpyHostToDevice));
+        upload(dx.p, xb);
+        CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
+        kc::gguf_gemv(t, dw.as<std::byte>(w_shift), dx.as<std::uint16_t>(), M, s.N, s.K, dy.as<std::uint16_t>(),
+                      stream);
+        CUDA_REQUIRE(cudaStreamSynchronize(stream));
+        const auto got = to_f32(download<std::uint16_t>(dy.p, r.y.size()));
+        check_close(got, r.y, r.abs_y, s.K, std::ldexp(1.0, -8), 8.0);
+      }
+    }
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cuda][gemm]") {
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  kc::Gemm gemm;
+  std::uint32_t seed = 4000;
+  const DType types[] = {DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q5_k, DType::q6_k};
+  for (DType t : types) {
+    for (std::int64_t M : {64, 9, 3}) {  // 3: gguf_linear's GEMV branch; 64 and 9: the GEMM branch
+      ++seed;
+      const std::int64_t N = 300, K = info(t).block_elems == 32 ? 32 * 27 : 256 * 3;
+      INFO("type " << name(t) << " M=" << M << " N=" << N << " K=" << K << " seed " << seed);
+      std::mt19937 rng(seed);
+      const auto blocks = random_blocks(t, static_cast<std::size_t>(N * K), rng);
+      std::vector<float> w(static_cast<std::size_t>(N * K));
+      kernels::cpu::dequantize(t, blocks, w);
+      const bool via_gemv = M <= kc::kGemvMaxRows && kc::gemv_supports(t);
+      if (!via_gemv) w = round_bf16(std::move(w));  // the GEMM path multiplies bf16-rounded weights
+      const auto xb = random_bf16(static_cast<std::size_t>(M * K), rng);
+      const Reference r = reference(to_f32(xb), w, M, N, K);
+
+      DeviceBuffer dw(blocks.size()), dx(xb.size() * 2), dy(r.y.size() * 2), scratch(static_cast<std::size_t>(N * K) * 2);
+      upload(dw.p, blocks);
+      upload(dx.p, xb);
+      CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
+      if (M == 64)
+        kc::gguf_gemm(gemm, t, dw.p, dx.as<std::uint16_t>(), M, N, K, scratch.as<std::uint16_t>(), dy.as<std::uint16_t>(),
+                      stream);
+      else
+        kc::gguf_linear(gemm, t, dw.p, dx.as<std::uint16_t>(), M, N, K, scratch.as<std::uint16_t>(),
+                        dy.as<std::uint16_t>(), stream);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      const auto got = to_f32(download<std::uint16_t>(dy.p, r.y.size()));
+      check_close(got, r.y, r.abs_y, K, std::ldexp(1.0, -8), via_gemv ? 8.0 : 2.0);
+    }
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("cuda linear layers reject bad arguments", "[cuda][gemm]") {
+  DeviceBuffer w(1 << 16), x(1 << 16), y(1 << 16);
+  const auto* xp = x.as<std::uint16_t>();
+  auto* yp = y.as<std::uint16_t>();
+  using Catch::Contains;
+  // gguf_gemv
+  CHECK_THROWS_AS(kc::gguf_gemv(DType::q4_k, w.p, xp, 9, 16, 256, yp, nullptr), InvalidArgument);
+  CHECK_THROWS_WITH(kc::gguf_gemv(DType::q4_k, w.p, xp, 9, 16, 256, yp, nullptr), Contains("M = 9") && Contains("gguf_gemm"));
+  CHECK_THROWS_AS(kc::gguf_gemv(DType::q4_k, w.p, xp, 0, 16, 256, yp, nullptr), InvalidArgument);
+  CHECK_THROWS_WITH(kc::gguf_gemv(DType::q4_k, w.p, xp, 1, 16, 100, yp, nullptr), Contains("K=100") && Contains("256"));
+  CHECK_THROWS_AS(kc::gguf_gemv(DType::q8_0, w.p, xp, 1, 16, 48, yp, nullptr), InvalidArgument);
+  CHECK_THROWS_AS(kc::gguf_gemv(DType::q8_0, w.p, xp, 1, 16, 0, yp, nullptr), InvalidArgument);
+  CHECK_THROWS_AS(kc::gguf_gemv(DType::q8_0, w.p, xp, 1, -1, 32, yp, nullptr), InvalidArgument);
+  CHECK_THROWS_AS(kc::gguf_gemv(DType::q5_k, w.p, xp, 1, 16, 256, yp, nullptr), UnsupportedError);
+  CHECK_THROWS_AS(kc::gguf_gemv(DType::f32, w.p, xp, 1, 16, 256, yp, nullptr), UnsupportedError);
+  CHECK_THROWS_AS(kc::gguf_gemv(DType::q8_0, nullptr, xp, 1, 16, 32, yp, nullptr), InvalidArgument);
+  CHECK_THROWS_WITH(kc::gguf_gemv(DType::q8_0, w.p, xp + 1, 1, 16, 32, yp, nullptr), Contains("16-byte aligned"));
+  CHECK_THROWS_AS(kc::gguf_gemv(DType::q8_0, w.as<char>(1), xp, 1, 16, 32, yp, nullptr), InvalidArgument);
+  CHECK_NOTHROW(kc::gguf_gemv(DType::q8_0, nullptr, nullptr, 1, 0, 32, nullptr, nullptr));  // N = 0: nothing to do
+  // Gemm
+  kc::Gemm gemm;
+  CHECK_THROWS_AS(gemm.run(xp, xp, yp, 1, 16, 0, nullptr), InvalidArgument);
+  CHECK_THROWS_AS(gemm.run(xp, xp, yp, -1, 16, 16, nullptr), InvalidArgument);
+  CHECK_THROWS_WITH(gemm.run(xp, nullptr, yp, 1, 16, 16, nullptr), Contains("null w"));
+  CHECK_THROWS_AS(gemm.run(xp, xp, static_cast<float*>(nullptr), 1, 16, 16, 1.0f, nullptr), InvalidArgument);
+  CHECK_NOTHROW(gemm.run(nullptr, nullptr, yp, 1, 0, 16, nullptr));
+  CHECK(gemm.cached_plans() == 0);
+  // gguf_gemm
+  CHECK_THROWS_WITH(kc::gguf_gemm(gemm, DType::q4_k, w.p, xp, 64, 16, 100, yp, yp, nullptr), Contains("block size 256"));
+  CHECK_THROWS_WITH(kc::gguf_gemm(gemm, DType::q4_k, w.p, xp, 64, 16, 256, nullptr, yp, nullptr), Contains("scratch"));
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+}
+
+// ---- measurement (hidden; run with test_cuda "[gemm_bench]") --------------------------------------------
+
+namespace {
+
+/// Median over 20 samples (after 3 warm-up samples) of the per-call time in ms of `call(i)`, where one
+/// sample is `calls` consecutive calls between two CUDA events.
+template <class F>
+double median_ms(int calls, cudaStream_t stream, F&& call) {
+  cudaEvent_t a, b;
+  CUDA_REQUIRE(cudaEventCreate(&a));
+  CUDA_REQUIRE(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int sample = 0; sample < 23; ++sample) {
+    CUDA_REQUIRE(cudaEventRecord(a, stream));
+    for (int i = 0; i < calls; ++i) call(i);
+    CUDA_REQUIRE(cudaEventRecord(b, stream));
+    CUDA_REQUIRE(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_REQUIRE(cudaEventElapsedTime(&ms, a, b));
+    if (sample >= 3) t.push_back(static_cast<double>(ms) / calls);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+TEST_CASE("bench: gguf_gemv GB/s and bf16 Gemm TFLOP/s", "[cuda][.bench][gemm_bench]") {
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  const std::int64_t N = 14336, K = 4096;  // Llama-3-8B's MLP up/gate projection
+  DeviceBuffer x(static_cast<std::size_t>(K) * 2 * 8), y(static_cast<std::size_t>(N) * 2 * 8);
+  CUDA_REQUIRE(cudaMemset(x.p, 0x3c, static_cast<std::size_t>(K) * 2 * 8));
+  for (DType t : {DType::q4_k, DType::q8_0, DType::q6_k, DType::q4_0}) {
+    const std::size_t bytes = *row_bytes(t, static_cast<std::uint64_t>(N * K));
+    // Enough copies of the weights that they are ~8× the 50 MiB L2: every call reads from HBM.
+    const int copies = static_cast<int>(std::max<std::size_t>(2, (400u << 20) / bytes));
+    DeviceBuffer w(bytes * static_cast<std::size_t>(copies));
+    CUDA_REQUIRE(cudaMemset(w.p, 0x11, bytes * static_cast<std::size_t>(copies)));  // finite f16 scales
+    for (int M : {1, 8}) {
+      const double ms = median_ms(copies, stream, [&](int i) {
+        kc::gguf_gemv(t, w.as<std::byte>(bytes * static_cast<std::size_t>(i)), x.as<std::uint16_t>(), M, N, K,
+                      y.as<std::uint16_t>(), stream);
+      });
+      std::printf("gguf_gemv %-5s M=%d N=%lld K=%lld: %8.2f us, %7.1f GB/s of weights (%.0f%% of 4270 GB/s copy)\n",
+                  std::string(name(t)).c_str(), M, static_cast<long long>(N), static_cast<long long>(K), ms * 1e3,
+                  static_cast<double>(bytes) / (ms * 1e-3) / 1e9, static_cast<double>(bytes) / (ms * 1e-3) / 4.27e12 * 100);
+    }
+  }
+  {
+    const std::int64_t S = 8192;
+    DeviceBuffer a(static_cast<std::size_t>(S * S) * 2), b(static_cast<std::size_t>(S * S) * 2),
+        c(static_cast<std::size_t>(S * S) * 2);
+    std::mt19937 rng(7);
+    const auto host = random_bf16(static_cast<std::size_t>(S * S), rng);
+    upload(a.p, host);
+    upload(b.p, host);
+    kc::Gemm gemm;
+    const double ms = median_ms(1, stream, [&](int) {
+      gemm.run(a.as<std::uint16_t>(), b.as<std::uint16_t>(), c.as<std::uint16_t>(), S, S, S, stream);
+    });
+    std::printf("Gemm bf16 M=N=K=%lld: %8.3f ms, %6.1f TFLOP/s (torch: 786)\n", static_cast<long long>(S), ms,
+                2.0 * static_cast<double>(S) * S * S / (ms * 1e-3) / 1e12);
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
