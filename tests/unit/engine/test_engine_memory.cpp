@@ -156,3 +156,40 @@ TEST_CASE("an engine whose KV cache cannot hold one longest sequence refuses to 
   CHECK_THROWS_WITH((StaticEngine<cpu, Shape{.max_batch = 2, .max_input = 32, .max_output = 16}>(fixture("tiny_llama"), s)),
                     Contains("static engine") && Contains("1000 bytes"));
 }
+
+TEST_CASE("n > 1 edge cases: one token, abort before the fork, abort after it", "[engine][sampling][abort]") {
+  PagedEngine<cpu, 16> engine(fixture("tiny_llama"), EngineOptions{});
+  SamplingParams p;
+  p.n = 3;
+  p.seed = 1;
+  p.max_tokens = 1;
+  engine.add_request(iota_tokens(20, 1), p);
+  auto done = engine.run_to_completion();
+  REQUIRE(done.size() == 1);
+  REQUIRE(done[0].outputs.size() == 3);
+  for (const auto& o : done[0].outputs) {
+    CHECK(o.token_ids.size() == 1);
+    CHECK(o.finish_reason == FinishReason::length);
+  }
+  check_all_blocks_free(engine);
+
+  p.max_tokens = 8;
+  const RequestId early = engine.add_request(iota_tokens(20, 2), p);
+  engine.abort(early);  // still waiting: its siblings were never forked
+  done = engine.run_to_completion();
+  REQUIRE(done.size() == 1);
+  for (const auto& o : done[0].outputs) CHECK(o.finish_reason == FinishReason::abort);
+  check_all_blocks_free(engine);
+
+  const RequestId late = engine.add_request(iota_tokens(20, 3), p);
+  engine.step();  // prompt computed, siblings forked
+  engine.step();
+  engine.abort(late);
+  done = engine.run_to_completion();
+  REQUIRE(done.size() == 1);
+  for (const auto& o : done[0].outputs) {
+    CHECK(o.finish_reason == FinishReason::abort);
+    CHECK(o.token_ids.size() == 2);
+  }
+  check_all_blocks_free(engine);
+}
