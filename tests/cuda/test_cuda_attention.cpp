@@ -22,6 +22,7 @@
 #include <random>
 #include <vector>
 
+#include "support/cuda_test_support.hpp"
 #include "infer/attention/cpu_attention.hpp"
 #include "infer/attention/kv_view.hpp"
 #include "infer/concepts.hpp"
@@ -30,42 +31,12 @@
 #include "infer/kernels/cuda/attention.hpp"
 
 using namespace infer;
+using namespace infer::test;
 namespace kc = infer::kernels::cuda;
 
 namespace {
 
-#define CUDA_REQUIRE(expr)                                                    \
-  do {                                                                        \
-    const cudaError_t e_ = (expr);                                            \
-    INFO(#expr << ": " << cudaGetErrorString(e_));                            \
-    REQUIRE(e_ == cudaSuccess);                                               \
-  } while (0)
-
 constexpr std::uint16_t kBf16NaN = 0x7fc0;
-
-/// Device buffer freed on scope exit.
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) { CUDA_REQUIRE(cudaMalloc(&p, bytes == 0 ? 16 : bytes)); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-template <class T>
-void upload(const DeviceBuffer& d, const std::vector<T>& h) {
-  CUDA_REQUIRE(cudaMemcpy(d.p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-
-std::uint32_t fresh_seed() {
-  const std::uint32_t seed = std::random_device{}();
-  std::printf("test_cuda_attention: seed %u\n", seed);
-  return seed;
-}
 
 /// One layer's paged cache for a batch: `lens[s]` rows of sequence s written, everything else NaN.
 struct Cache {
@@ -122,19 +93,6 @@ struct Cache {
   }
 };
 
-std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> n01(0.0f, 1.0f);
-  std::vector<std::uint16_t> out(n);
-  for (auto& x : out) x = f32_to_bf16(n01(rng));
-  return out;
-}
-
-std::vector<float> to_f32(const std::vector<std::uint16_t>& b) {
-  std::vector<float> out(b.size());
-  for (std::size_t i = 0; i < b.size(); ++i) out[i] = bf16_to_f32(b[i]);
-  return out;
-}
-
 /// Counts values outside the bound (reporting the first few); NaN counts as outside.
 int compare(const std::vector<std::uint16_t>& got, const std::vector<float>& ref) {
   int bad = 0;
@@ -183,7 +141,7 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
                             cache.view(static_cast<std::size_t>(s)));
   }
 
-  DeviceBuffer dk(cache.k.size() * 2), dv(cache.v.size() * 2), dt(cache.tables.size() * 4),
+  test::DeviceMem dk(cache.k.size() * 2), dv(cache.v.size() * 2), dt(cache.tables.size() * 4),
       dl(lens.size() * 4), dq(qn * 2), dout(qn * 2);
   upload(dk, cache.k);
   upload(dv, cache.v);
@@ -201,7 +159,7 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
   else CHECK(splits == 1);
   const std::size_t ws = kc::paged_decode_workspace_bytes(batch, H);
   CHECK((ws == 0) == (splits == 1));
-  DeviceBuffer dws(ws);
+  test::DeviceMem dws(ws);
   // Poison the workspace too: merged values must only come from partials that were written.
   CUDA_REQUIRE(cudaMemset(dws.p, 0xff, ws == 0 ? 16 : ws));
   kc::paged_decode_attention(batch, dq.as<const std::uint16_t>(), H, scale, dout.as<std::uint16_t>(),
@@ -215,7 +173,7 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
 }  // namespace
 
 TEST_CASE("CUDA paged decode attention matches the CPU reference (split-K)", "[cuda][attention]") {
-  std::mt19937 rng(fresh_seed());
+  std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   for (const Config& c : all_configs()) {
@@ -227,7 +185,7 @@ TEST_CASE("CUDA paged decode attention matches the CPU reference (split-K)", "[c
 }
 
 TEST_CASE("CUDA paged decode attention without a split (grid already full)", "[cuda][attention]") {
-  std::mt19937 rng(fresh_seed());
+  std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
   for (const Config& c : {Config{4, 128, 16}, Config{1, 64, 8}, Config{8, 64, 32}, Config{3, 128, 32}}) {
     // 64 x 8 blocks fill the GPU, and contexts under 256 positions (table capacity included) never split.
     std::vector<int> lens(64);
@@ -237,7 +195,7 @@ TEST_CASE("CUDA paged decode attention without a split (grid already full)", "[c
 }
 
 TEST_CASE("CUDA paged prefill attention matches the CPU reference (chunked, causal)", "[cuda][attention]") {
-  std::mt19937 rng(fresh_seed());
+  std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   for (const Config& c : all_configs()) {
@@ -268,7 +226,7 @@ TEST_CASE("CUDA paged prefill attention matches the CPU reference (chunked, caus
       kernels::cpu::attention(shape, qf.data() + at, ref.data() + at, starts[static_cast<std::size_t>(s)],
                               chunks[static_cast<std::size_t>(s)].second, cache.view(static_cast<std::size_t>(s)));
     }
-    DeviceBuffer dk(cache.k.size() * 2), dv(cache.v.size() * 2), dt(cache.tables.size() * 4), dl(lens.size() * 4),
+    test::DeviceMem dk(cache.k.size() * 2), dv(cache.v.size() * 2), dt(cache.tables.size() * 4), dl(lens.size() * 4),
         dind(indptr.size() * 4), dst(starts.size() * 4), dq(qn * 2), dout(qn * 2);
     upload(dk, cache.k);
     upload(dv, cache.v);
@@ -292,7 +250,7 @@ TEST_CASE("CUDA paged prefill attention matches the CPU reference (chunked, caus
 }
 
 TEST_CASE("CUDA paged attention rejects bad arguments", "[cuda][attention]") {
-  DeviceBuffer k(4096), v(4096), t(64), l(64), q(4096), out(4096), ws(64);
+  test::DeviceMem k(4096), v(4096), t(64), l(64), q(4096), out(4096), ws(64);
   const kc::PagedKvBatch good{k.as<const std::uint16_t>(), v.as<const std::uint16_t>(), t.as<const std::int32_t>(),
                               l.as<const std::int32_t>(), 1, 1, 16, 1, 64};
   auto* qp = q.as<const std::uint16_t>();
@@ -329,7 +287,7 @@ TEST_CASE("CUDA paged decode attention bandwidth", "[cuda][attention][.bench]") 
   constexpr int MB = L / BS;
   const std::size_t blocks = static_cast<std::size_t>(S) * MB;
   const std::size_t kv_elems = blocks * BS * KVH * D;
-  DeviceBuffer dk(kv_elems * 2), dv(kv_elems * 2), dt(blocks * 4), dl(S * 4), dq(S * H * D * 2), dout(S * H * D * 2);
+  test::DeviceMem dk(kv_elems * 2), dv(kv_elems * 2), dt(blocks * 4), dl(S * 4), dq(S * H * D * 2), dout(S * H * D * 2);
   CUDA_REQUIRE(cudaMemset(dk.p, 0x3c, kv_elems * 2));
   CUDA_REQUIRE(cudaMemset(dv.p, 0x3c, kv_elems * 2));
   CUDA_REQUIRE(cudaMemset(dq.p, 0x3c, S * H * D * 2));
@@ -342,7 +300,7 @@ TEST_CASE("CUDA paged decode attention bandwidth", "[cuda][attention][.bench]") 
   const kc::PagedKvBatch batch{dk.as<const std::uint16_t>(), dv.as<const std::uint16_t>(), dt.as<const std::int32_t>(),
                                dl.as<const std::int32_t>(), S, MB, BS, KVH, D};
   const std::size_t ws = kc::paged_decode_workspace_bytes(batch, H);
-  DeviceBuffer dws(ws);
+  test::DeviceMem dws(ws);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   auto step = [&] {
     kc::paged_decode_attention(batch, dq.as<const std::uint16_t>(), H, scale, dout.as<std::uint16_t>(), dws.as<float>(),
@@ -371,7 +329,7 @@ TEST_CASE("CUDA paged decode attention bandwidth", "[cuda][attention][.bench]") 
   // Prefill for scale: 4 sequences x 2048 tokens, causal.
   constexpr int PS = 4, PL = 2048;
   const std::size_t pq = static_cast<std::size_t>(PS) * PL * H * D;
-  DeviceBuffer pdq(pq * 2), pdo(pq * 2), pind((PS + 1) * 4), pst(PS * 4);
+  test::DeviceMem pdq(pq * 2), pdo(pq * 2), pind((PS + 1) * 4), pst(PS * 4);
   CUDA_REQUIRE(cudaMemset(pdq.p, 0x3c, pq * 2));
   std::vector<std::int32_t> ind(PS + 1);
   for (int s = 0; s <= PS; ++s) ind[static_cast<std::size_t>(s)] = s * PL;

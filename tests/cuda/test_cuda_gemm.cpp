@@ -22,6 +22,7 @@
 #include <random>
 #include <vector>
 
+#include "support/cuda_test_support.hpp"
 #include "infer/core/dtype.hpp"
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
@@ -30,54 +31,10 @@
 #include "infer/quant/dequantize.hpp"
 
 using namespace infer;
+using namespace infer::test;
 namespace kc = infer::kernels::cuda;
 
 namespace {
-
-#define CUDA_REQUIRE(expr)                                                    \
-  do {                                                                        \
-    const cudaError_t e_ = (expr);                                            \
-    INFO(#expr << ": " << cudaGetErrorString(e_));                            \
-    REQUIRE(e_ == cudaSuccess);                                               \
-  } while (0)
-
-/// Device buffer freed on scope exit.
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) { CUDA_REQUIRE(cudaMalloc(&p, bytes == 0 ? 1 : bytes)); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as(std::size_t byte_offset = 0) const {
-    return reinterpret_cast<T*>(static_cast<char*>(p) + byte_offset);
-  }
-};
-
-template <class T>
-void upload(void* dst, const std::vector<T>& v) {
-  CUDA_REQUIRE(cudaMemcpy(dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-template <class T>
-std::vector<T> download(const void* src, std::size_t n) {
-  std::vector<T> v(n);
-  CUDA_REQUIRE(cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
-
-/// Random bf16 bits, N(0, 1) rounded.
-std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<std::uint16_t> v(n);
-  for (auto& b : v) b = f32_to_bf16(d(rng));
-  return v;
-}
-
-std::vector<float> to_f32(const std::vector<std::uint16_t>& b) {
-  std::vector<float> f(b.size());
-  for (std::size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_f32(b[i]);
-  return f;
-}
 
 std::vector<float> round_bf16(std::vector<float> v) {
   for (auto& f : v) f = bf16_to_f32(f32_to_bf16(f));
@@ -87,33 +44,6 @@ std::vector<float> round_bf16(std::vector<float> v) {
 std::vector<float> abs_of(std::vector<float> v) {
   for (auto& f : v) f = std::fabs(f);
   return v;
-}
-
-/// Offsets of the f16 scales within a block (kept finite and small; random bits would give inf/NaN).
-std::vector<std::size_t> scale_offsets(DType t) {
-  switch (t) {
-    case DType::q8_0:
-    case DType::q4_0: return {0};
-    case DType::q4_1:
-    case DType::q4_k:
-    case DType::q5_k: return {0, 2};
-    case DType::q6_k: return {208};
-    default: return {};
-  }
-}
-
-/// Random blocks: random code bytes, f16 scales uniform in ±0.05.
-std::vector<std::byte> random_blocks(DType t, std::size_t elems, std::mt19937& rng) {
-  const DTypeInfo ti = info(t);
-  std::vector<std::byte> b(*row_bytes(t, elems));
-  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-  for (auto& x : b) x = static_cast<std::byte>(rng() & 0xff);
-  for (std::size_t blk = 0; blk < elems / ti.block_elems; ++blk)
-    for (std::size_t off : scale_offsets(t)) {
-      const std::uint16_t h = f32_to_f16(u(rng));
-      std::memcpy(b.data() + blk * ti.block_bytes + off, &h, 2);
-    }
-  return b;
 }
 
 struct Reference {
@@ -173,7 +103,7 @@ TEST_CASE("cuda::Gemm bf16 -> bf16 matches gemm_xwt", "[cuda][gemm]") {
       const auto xb = random_bf16(static_cast<std::size_t>(s.M * s.K), rng);
       const auto wb = random_bf16(static_cast<std::size_t>(s.N * s.K), rng);
       const Reference r = reference(to_f32(xb), to_f32(wb), s.M, s.N, s.K);
-      DeviceBuffer dx((xb.size() + shift) * 2), dw((wb.size() + shift) * 2), dy((r.y.size() + shift) * 2);
+      test::DeviceMem dx((xb.size() + shift) * 2), dw((wb.size() + shift) * 2), dy((r.y.size() + shift) * 2);
       CUDA_REQUIRE(cudaMemcpy(dx.as<std::uint16_t>(2 * shift), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
       CUDA_REQUIRE(cudaMemcpy(dw.as<std::uint16_t>(2 * shift), wb.data(), wb.size() * 2, cudaMemcpyHostToDevice));
       CUDA_REQUIRE(cudaMemset(dy.p, 0xff, (r.y.size() + shift) * 2));  // 0xffff: bf16 NaN
@@ -188,7 +118,7 @@ TEST_CASE("cuda::Gemm bf16 -> bf16 matches gemm_xwt", "[cuda][gemm]") {
   const std::size_t plans = gemm.cached_plans();
   CHECK(plans == 2 * std::size(shapes));
   {
-    DeviceBuffer dx(2 * 64), dw(2 * 64 * 256), dy(2 * 64);
+    test::DeviceMem dx(2 * 64), dw(2 * 64 * 256), dy(2 * 64);
     gemm.run(dx.as<std::uint16_t>(), dw.as<std::uint16_t>(), dy.as<std::uint16_t>(), 0, 64, 256, stream);  // M = 0: no-op
     CHECK(gemm.cached_plans() == plans);
   }
@@ -223,7 +153,7 @@ TEST_CASE("cuda::Gemm bf16 -> f32 with beta accumulates in place", "[cuda][gemm]
         r.abs_y[i] += std::fabs(c.beta * y0[i]);
       }
     }
-    DeviceBuffer dx(xb.size() * 2), dw(wb.size() * 2), dy(y0.size() * 4);
+    test::DeviceMem dx(xb.size() * 2), dw(wb.size() * 2), dy(y0.size() * 4);
     upload(dx.p, xb);
     upload(dw.p, wb);
     upload(dy.p, y0);
@@ -257,13 +187,13 @@ TEST_CASE("cuda::gguf_gemv matches dequantize + gemm_xwt for every type", "[cuda
         INFO("type " << name(t) << " M=" << M << " N=" << s.N << " K=" << s.K << " weight shift " << w_shift
                      << " seed " << seed);
         std::mt19937 rng(seed);
-        const auto blocks = random_blocks(t, static_cast<std::size_t>(s.N * s.K), rng);
+        const auto blocks = test::random_tensor(t, static_cast<std::size_t>(s.N * s.K), rng);
         std::vector<float> w(static_cast<std::size_t>(s.N * s.K));
         kernels::cpu::dequantize(t, blocks, w);
         const auto xb = random_bf16(static_cast<std::size_t>(M * s.K), rng);
         const Reference r = reference(to_f32(xb), w, M, s.N, s.K);
 
-        DeviceBuffer dw(blocks.size() + w_shift), dx(xb.size() * 2), dy(r.y.size() * 2);
+        test::DeviceMem dw(blocks.size() + w_shift), dx(xb.size() * 2), dy(r.y.size() * 2);
         CUDA_REQUIRE(cudaMemcpy(dw.as<std::byte>(w_shift), blocks.data(), blocks.size(), cudaMemcpyHostToDevice));
         upload(dx.p, xb);
         CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
@@ -290,7 +220,7 @@ TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cud
       const std::int64_t N = 300, K = info(t).block_elems == 32 ? 32 * 27 : 256 * 3;
       INFO("type " << name(t) << " M=" << M << " N=" << N << " K=" << K << " seed " << seed);
       std::mt19937 rng(seed);
-      const auto blocks = random_blocks(t, static_cast<std::size_t>(N * K), rng);
+      const auto blocks = test::random_tensor(t, static_cast<std::size_t>(N * K), rng);
       std::vector<float> w(static_cast<std::size_t>(N * K));
       kernels::cpu::dequantize(t, blocks, w);
       const bool via_gemv = M <= kc::kGemvMaxRows && kc::gemv_supports(t);
@@ -298,7 +228,7 @@ TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cud
       const auto xb = random_bf16(static_cast<std::size_t>(M * K), rng);
       const Reference r = reference(to_f32(xb), w, M, N, K);
 
-      DeviceBuffer dw(blocks.size()), dx(xb.size() * 2), dy(r.y.size() * 2), scratch(static_cast<std::size_t>(N * K) * 2);
+      test::DeviceMem dw(blocks.size()), dx(xb.size() * 2), dy(r.y.size() * 2), scratch(static_cast<std::size_t>(N * K) * 2);
       upload(dw.p, blocks);
       upload(dx.p, xb);
       CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
@@ -317,7 +247,7 @@ TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cud
 }
 
 TEST_CASE("cuda linear layers reject bad arguments", "[cuda][gemm]") {
-  DeviceBuffer w(1 << 16), x(1 << 16), y(1 << 16);
+  test::DeviceMem w(1 << 16), x(1 << 16), y(1 << 16);
   const auto* xp = x.as<std::uint16_t>();
   auto* yp = y.as<std::uint16_t>();
   using Catch::Contains;
@@ -382,13 +312,13 @@ TEST_CASE("bench: gguf_gemv GB/s and bf16 Gemm TFLOP/s", "[cuda][.bench][gemm_be
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   const std::int64_t N = 14336, K = 4096;  // Llama-3-8B's MLP up/gate projection
-  DeviceBuffer x(static_cast<std::size_t>(K) * 2 * 8), y(static_cast<std::size_t>(N) * 2 * 8);
+  test::DeviceMem x(static_cast<std::size_t>(K) * 2 * 8), y(static_cast<std::size_t>(N) * 2 * 8);
   CUDA_REQUIRE(cudaMemset(x.p, 0x3c, static_cast<std::size_t>(K) * 2 * 8));
   for (DType t : {DType::q4_k, DType::q8_0, DType::q6_k, DType::q4_0}) {
     const std::size_t bytes = *row_bytes(t, static_cast<std::uint64_t>(N * K));
     // Enough copies of the weights that they are ~8× the 50 MiB L2: every call reads from HBM.
     const int copies = static_cast<int>(std::max<std::size_t>(2, (400u << 20) / bytes));
-    DeviceBuffer w(bytes * static_cast<std::size_t>(copies));
+    test::DeviceMem w(bytes * static_cast<std::size_t>(copies));
     CUDA_REQUIRE(cudaMemset(w.p, 0x11, bytes * static_cast<std::size_t>(copies)));  // finite f16 scales
     for (int M : {1, 8}) {
       const double ms = median_ms(copies, stream, [&](int i) {
@@ -402,7 +332,7 @@ TEST_CASE("bench: gguf_gemv GB/s and bf16 Gemm TFLOP/s", "[cuda][.bench][gemm_be
   }
   {
     const std::int64_t S = 8192;
-    DeviceBuffer a(static_cast<std::size_t>(S * S) * 2), b(static_cast<std::size_t>(S * S) * 2),
+    test::DeviceMem a(static_cast<std::size_t>(S * S) * 2), b(static_cast<std::size_t>(S * S) * 2),
         c(static_cast<std::size_t>(S * S) * 2);
     std::mt19937 rng(7);
     const auto host = random_bf16(static_cast<std::size_t>(S * S), rng);

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "support/cuda_test_support.hpp"
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
@@ -32,6 +33,7 @@
 #include "infer/kernels/cuda/ops.hpp"
 
 using namespace infer;
+using namespace infer::test;
 namespace rt = infer::backend::cuda;
 namespace kc = infer::kernels::cuda;
 namespace kcpu = infer::kernels::cpu;
@@ -41,26 +43,11 @@ namespace {
 constexpr float kBf16Half = 1.0f / 256.0f;  // 2^-8: half an ulp of bf16, relative
 constexpr std::uint16_t kBf16Nan = 0xffff;
 
-std::uint32_t fresh_seed() { return std::random_device{}(); }
-
-std::vector<std::uint16_t> random_bf16(std::size_t n, float stddev, std::mt19937& rng) {
-  std::normal_distribution<float> d(0.0f, stddev);
-  std::vector<std::uint16_t> v(n);
-  for (auto& x : v) x = f32_to_bf16(d(rng));
-  return v;
-}
-
 std::vector<float> random_f32(std::size_t n, float mean, float stddev, std::mt19937& rng) {
   std::normal_distribution<float> d(mean, stddev);
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
-}
-
-std::vector<float> to_f32(const std::vector<std::uint16_t>& v) {
-  std::vector<float> f(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_f32(v[i]);
-  return f;
 }
 
 /// A device copy of `host` (plus `pad` poisoned elements before it, to test unaligned pointers).
@@ -112,7 +99,7 @@ int count_bad(const char* what, std::size_t n, Got got, const std::vector<float>
 }  // namespace
 
 TEST_CASE("cuda::embedding gathers bf16 rows into f32 exactly", "[cuda][ops]") {
-  const auto seed = fresh_seed();
+  const auto seed = test::fresh_seed("test_cuda_ops");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   const std::int64_t vocab = 1000;
@@ -120,7 +107,7 @@ TEST_CASE("cuda::embedding gathers bf16 rows into f32 exactly", "[cuda][ops]") {
     for (std::int64_t n : {1, 7, 301}) {
       for (std::size_t pad : {0, 1}) {  // pad 1: unaligned output, the scalar path
         INFO("dim " << dim << ", n " << n << ", output shifted by " << pad);
-        const auto table = random_bf16(static_cast<std::size_t>(vocab * dim), 1.0f, rng);
+        const auto table = test::random_bf16(static_cast<std::size_t>(vocab * dim), rng, 1.0f);
         std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
         for (auto& id : ids) id = static_cast<std::int32_t>(rng() % vocab);
         ids[0] = static_cast<std::int32_t>(vocab - 1);
@@ -152,7 +139,7 @@ TEST_CASE("cuda::embedding gathers bf16 rows into f32 exactly", "[cuda][ops]") {
 }
 
 TEST_CASE("cuda::add_rmsnorm matches cpu::add + cpu::rms_norm", "[cuda][ops]") {
-  const auto seed = fresh_seed();
+  const auto seed = test::fresh_seed("test_cuda_ops");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   const float eps = 1e-6f;
@@ -197,7 +184,7 @@ TEST_CASE("cuda::add_rmsnorm matches cpu::add + cpu::rms_norm", "[cuda][ops]") {
 }
 
 TEST_CASE("cuda::rope_write_kv rotates q and k and writes the paged cache", "[cuda][ops]") {
-  const auto seed = fresh_seed();
+  const auto seed = test::fresh_seed("test_cuda_ops");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   struct Case {
@@ -217,7 +204,7 @@ TEST_CASE("cuda::rope_write_kv rotates q and k and writes the paged cache", "[cu
       const std::int64_t T = c.T;
       const int hd = c.hd, half = hd / 2, nq = c.nq, nkv = c.nkv;
       const std::int64_t width = static_cast<std::int64_t>(nq + 2 * nkv) * hd;
-      const auto qkv = random_bf16(static_cast<std::size_t>(T * width), 1.0f, rng);
+      const auto qkv = test::random_bf16(static_cast<std::size_t>(T * width), rng, 1.0f);
 
       std::vector<std::int32_t> positions(static_cast<std::size_t>(T));
       for (auto& p : positions) p = static_cast<std::int32_t>(rng() % 4096);
@@ -341,14 +328,14 @@ TEST_CASE("cuda::rope_write_kv rotates q and k and writes the paged cache", "[cu
 }
 
 TEST_CASE("cuda::swiglu matches cpu::swiglu", "[cuda][ops]") {
-  const auto seed = fresh_seed();
+  const auto seed = test::fresh_seed("test_cuda_ops");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   for (std::int64_t T : {1, 7, 33}) {
     for (std::int64_t I : {1536, 8, 1000, 13, 1001, 1}) {
       for (std::size_t pad : {0, 1}) {
         INFO("T " << T << ", I " << I << ", pointers shifted by " << pad);
-        const auto gate_up = random_bf16(static_cast<std::size_t>(T * 2 * I), 3.0f, rng);
+        const auto gate_up = test::random_bf16(static_cast<std::size_t>(T * 2 * I), rng, 3.0f);
         Dev<std::uint16_t> d_in(gate_up, pad);
         auto d_out = Dev<std::uint16_t>::poisoned(static_cast<std::size_t>(T * I), pad);
         kc::swiglu(d_in.ptr(), T, I, d_out.ptr(), nullptr);
@@ -374,14 +361,14 @@ TEST_CASE("cuda::swiglu matches cpu::swiglu", "[cuda][ops]") {
 }
 
 TEST_CASE("cuda::add adds bf16 deltas into the f32 residual exactly", "[cuda][ops]") {
-  const auto seed = fresh_seed();
+  const auto seed = test::fresh_seed("test_cuda_ops");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   for (std::int64_t n : {1, 7, 8, 4099, 100000}) {
     for (std::size_t pad : {0, 1}) {
       INFO("n " << n << ", delta shifted by " << pad);
       auto residual = random_f32(static_cast<std::size_t>(n), 0.0f, 4.0f, rng);
-      const auto delta = random_bf16(static_cast<std::size_t>(n), 1.0f, rng);
+      const auto delta = test::random_bf16(static_cast<std::size_t>(n), rng, 1.0f);
       Dev<float> d_res(residual);
       Dev<std::uint16_t> d_delta(delta, pad);
       kc::add(d_res.ptr(), d_delta.ptr(), n, nullptr);
@@ -408,7 +395,7 @@ TEST_CASE("cuda elementwise ops: bandwidth", "[.][perf][ops_perf]") {
       pos(static_cast<std::size_t>(T) * 4), freq(hd / 2 * 4), kc_(static_cast<std::size_t>(T * nkv * hd) * 2),
       vc_(static_cast<std::size_t>(T * nkv * hd) * 2), slot(static_cast<std::size_t>(T) * 8);
   for (rt::DeviceBuffer* b : {&table, &res, &delta, &w, &gate_up, &qkv, &freq}) {
-    std::vector<std::uint16_t> v = random_bf16(b->size() / 2, 0.5f, rng);  // any finite bits will do
+    std::vector<std::uint16_t> v = test::random_bf16(b->size() / 2, rng, 0.5f);  // any finite bits will do
     b->upload(std::span<const std::uint16_t>(v));
   }
   std::vector<std::int32_t> hid(static_cast<std::size_t>(T));

@@ -11,66 +11,16 @@
 #include <random>
 #include <vector>
 
+#include "support/cuda_test_support.hpp"
 #include "infer/core/dtype.hpp"
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/quant/dequantize.hpp"
 
 using namespace infer;
+using namespace infer::test;
 
 namespace {
-
-#define CUDA_REQUIRE(expr)                                                    \
-  do {                                                                        \
-    const cudaError_t e_ = (expr);                                            \
-    INFO(#expr << ": " << cudaGetErrorString(e_));                            \
-    REQUIRE(e_ == cudaSuccess);                                               \
-  } while (0)
-
-/// Device buffer freed on scope exit.
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) { CUDA_REQUIRE(cudaMalloc(&p, bytes == 0 ? 1 : bytes)); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-/// Offsets of the f16 scales within a block (kept finite; random bits would give inf/NaN).
-std::vector<std::size_t> scale_offsets(DType t) {
-  switch (t) {
-    case DType::q8_0:
-    case DType::q4_0: return {0};
-    case DType::q4_1:
-    case DType::q4_k:
-    case DType::q5_k: return {0, 2};
-    case DType::q6_k: return {208};
-    default: return {};
-  }
-}
-
-std::vector<std::byte> random_tensor(DType t, std::size_t elems, std::mt19937& rng) {
-  const DTypeInfo ti = info(t);
-  std::vector<std::byte> b(*row_bytes(t, elems));
-  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-  std::normal_distribution<float> n(0.0f, 2.0f);
-  auto put16 = [&](std::size_t at, std::uint16_t h) { std::memcpy(b.data() + at, &h, 2); };
-  if (t == DType::f32) {
-    for (std::size_t i = 0; i < elems; ++i) {
-      const float v = n(rng);
-      std::memcpy(b.data() + 4 * i, &v, 4);
-    }
-  } else if (t == DType::f16) {
-    for (std::size_t i = 0; i < elems; ++i) put16(2 * i, f32_to_f16(n(rng)));
-  } else if (t == DType::bf16) {
-    for (std::size_t i = 0; i < elems; ++i) put16(2 * i, f32_to_bf16(n(rng)));
-  } else {
-    for (auto& x : b) x = static_cast<std::byte>(rng() & 0xff);
-    for (std::size_t blk = 0; blk < elems / ti.block_elems; ++blk)
-      for (std::size_t off : scale_offsets(t)) put16(blk * ti.block_bytes + off, f32_to_f16(u(rng)));
-  }
-  return b;
-}
 
 const DType kTypes[] = {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0,
                         DType::q4_1, DType::q4_k, DType::q5_k, DType::q6_k};
@@ -90,7 +40,7 @@ TEST_CASE("CUDA dequantize matches the CPU reference for every type", "[cuda][qu
       std::vector<float> ref(elems);
       kernels::cpu::dequantize(t, src, ref);
 
-      DeviceBuffer d_src(src.size()), d_f32((elems + shift) * 4), d_bf16((elems + shift) * 2);
+      test::DeviceMem d_src(src.size()), d_f32((elems + shift) * 4), d_bf16((elems + shift) * 2);
       CUDA_REQUIRE(cudaMemcpy(d_src.p, src.data(), src.size(), cudaMemcpyHostToDevice));
       const std::vector<float> poison(elems + shift, std::numeric_limits<float>::quiet_NaN());
       CUDA_REQUIRE(cudaMemcpy(d_f32.p, poison.data(), poison.size() * 4, cudaMemcpyHostToDevice));
@@ -133,7 +83,7 @@ TEST_CASE("CUDA dequantize of a large tensor (grid-stride path)", "[cuda][quant]
   const auto src = random_tensor(DType::q4_k, elems, rng);
   std::vector<float> ref(elems);
   kernels::cpu::dequantize(DType::q4_k, src, ref);
-  DeviceBuffer d_src(src.size()), d_out(elems * 4);
+  test::DeviceMem d_src(src.size()), d_out(elems * 4);
   CUDA_REQUIRE(cudaMemcpy(d_src.p, src.data(), src.size(), cudaMemcpyHostToDevice));
   CUDA_REQUIRE(cudaMemset(d_out.p, 0xff, elems * 4));
   kernels::cuda::dequantize(DType::q4_k, d_src.p, static_cast<float*>(d_out.p), elems, nullptr);
@@ -144,7 +94,7 @@ TEST_CASE("CUDA dequantize of a large tensor (grid-stride path)", "[cuda][quant]
 }
 
 TEST_CASE("CUDA dequantize rejects bad arguments", "[cuda][quant]") {
-  DeviceBuffer src(1024), dst(1024);
+  test::DeviceMem src(1024), dst(1024);
   auto* out = static_cast<float*>(dst.p);
   CHECK_THROWS_AS(kernels::cuda::dequantize(DType::q4_k, src.p, out, 100, nullptr), InvalidArgument);
   CHECK_THROWS_WITH(kernels::cuda::dequantize(DType::q4_k, src.p, out, 100, nullptr),
