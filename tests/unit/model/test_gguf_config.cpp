@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "support/gguf_writer.hpp"
 #include "infer/model/gguf_config.hpp"
 #include "support/fixtures.hpp"
 
@@ -15,22 +16,20 @@ namespace {
 
 using Bytes = std::vector<std::byte>;
 
-/// A minimal GGUF v3 writer: metadata entries and F32 tensors of one element, enough to reach every
-/// branch of from_gguf without a real model.
+/// Fluent shorthands over the shared test writer: metadata entries and one-element F32 tensors, enough
+/// to reach every branch of from_gguf without a real model.
 class GgufBuilder {
  public:
-  GgufBuilder& u32(const std::string& k, std::uint32_t v) { return kv(k, 4, [&] { put(v); }); }
-  GgufBuilder& f32(const std::string& k, float v) { return kv(k, 6, [&] { put(v); }); }
-  GgufBuilder& str(const std::string& k, const std::string& v) { return kv(k, 8, [&] { put_str(v); }); }
+  GgufBuilder& u32(const std::string& k, std::uint32_t v) { return add(k, gguf::Value{v}); }
+  GgufBuilder& f32(const std::string& k, float v) { return add(k, gguf::Value{v}); }
+  GgufBuilder& str(const std::string& k, const std::string& v) { return add(k, gguf::Value{v}); }
   GgufBuilder& strings(const std::string& k, const std::vector<std::string>& v) {
-    return kv(k, 9, [&] {
-      put(std::uint32_t{8});
-      put(static_cast<std::uint64_t>(v.size()));
-      for (const auto& s : v) put_str(s);
-    });
+    gguf::Array a{gguf::ValueType::string, {}};
+    for (const auto& s : v) a.items.push_back(gguf::Value{s});
+    return add(k, gguf::Value{std::move(a)});
   }
   GgufBuilder& tensor(const std::string& name) {
-    tensors_.push_back(name);
+    w_.tensor_f32(name, {1}, {0.0f});
     return *this;
   }
   /// The standard keys of a tiny valid llama: 2 layers, hidden 64, 4 heads / 2 kv heads.
@@ -45,55 +44,14 @@ class GgufBuilder {
     f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
     return *this;
   }
-
-  [[nodiscard]] Bytes build() const {
-    Bytes out;
-    auto raw = [&](const void* p, std::size_t n) {
-      const auto* b = static_cast<const std::byte*>(p);
-      out.insert(out.end(), b, b + n);
-    };
-    auto u32v = [&](std::uint32_t v) { raw(&v, 4); };
-    auto u64v = [&](std::uint64_t v) { raw(&v, 8); };
-    raw("GGUF", 4);
-    u32v(3);
-    u64v(tensors_.size());
-    u64v(count_);
-    out.insert(out.end(), kv_.begin(), kv_.end());
-    for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      u64v(tensors_[i].size());
-      raw(tensors_[i].data(), tensors_[i].size());
-      u32v(1);   // n_dims
-      u64v(1);   // shape [1]
-      u32v(0);   // F32
-      u64v(32 * i);
-    }
-    out.resize((out.size() + 31) / 32 * 32);
-    out.resize(out.size() + 32 * tensors_.size());
-    return out;
-  }
+  [[nodiscard]] Bytes build() const { return w_.build(); }
 
  private:
-  template <class F>
-  GgufBuilder& kv(const std::string& k, std::uint32_t type, F&& value) {
-    put_str(k);
-    put(type);
-    value();
-    ++count_;
+  GgufBuilder& add(const std::string& k, gguf::Value v) {
+    w_.add(k, std::move(v));
     return *this;
   }
-  template <class T>
-  void put(T v) {
-    const auto* b = reinterpret_cast<const std::byte*>(&v);
-    kv_.insert(kv_.end(), b, b + sizeof(T));
-  }
-  void put_str(const std::string& s) {
-    put(static_cast<std::uint64_t>(s.size()));
-    const auto* b = reinterpret_cast<const std::byte*>(s.data());
-    kv_.insert(kv_.end(), b, b + s.size());
-  }
-  Bytes kv_;
-  std::uint64_t count_ = 0;
-  std::vector<std::string> tensors_;
+  test::GgufWriter w_;
 };
 
 ModelConfig config_of(const GgufBuilder& b) { return from_gguf(gguf::File::from_bytes(b.build())); }

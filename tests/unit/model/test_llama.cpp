@@ -22,6 +22,7 @@
 #include "infer/core/half.hpp"
 #include "infer/model/llama.hpp"
 #include "infer/quant/f32.hpp"
+#include "support/gguf_writer.hpp"
 
 using namespace infer;
 namespace fs = std::filesystem;
@@ -202,74 +203,6 @@ fs::path write_hf(const std::string& name, const Spec& s, const Weights& w) {
   return dir;
 }
 
-/// A minimal GGUF v3 writer (string/u32/f32 metadata, tensors aligned to 32). Not the shared
-/// tests/support/gguf_writer.hpp: that includes io/gguf.hpp, whose quant/dequantize.hpp declares a
-/// namespace infer::cpu that cannot share a translation unit with the backend tag infer::cpu.
-class MiniGguf {
- public:
-  void str(const std::string& k, const std::string& v) {
-    key(k, 8);
-    text(meta_, v);
-    ++kvs_;
-  }
-  void u32(const std::string& k, std::uint32_t v) {
-    key(k, 4);
-    pod(meta_, v);
-    ++kvs_;
-  }
-  void f32(const std::string& k, float v) {
-    key(k, 6);
-    pod(meta_, v);
-    ++kvs_;
-  }
-  /// `shape` in ggml order (fastest first); `type` a ggml type id (0 f32, 1 f16).
-  void tensor(const std::string& name, std::uint32_t type, std::vector<std::uint64_t> shape, std::vector<std::byte> data) {
-    text(infos_, name);
-    pod(infos_, static_cast<std::uint32_t>(shape.size()));
-    for (auto d : shape) pod(infos_, d);
-    pod(infos_, type);
-    pod(infos_, static_cast<std::uint64_t>(data_.size()));
-    data_.insert(data_.end(), data.begin(), data.end());
-    while (data_.size() % 32) data_.push_back(std::byte{0});
-    ++tensors_;
-  }
-  void tensor_f32(const std::string& name, std::vector<std::uint64_t> shape, const std::vector<float>& v) {
-    std::vector<std::byte> b(v.size() * 4);
-    std::memcpy(b.data(), v.data(), b.size());
-    tensor(name, 0, std::move(shape), std::move(b));
-  }
-  std::vector<std::byte> build() const {
-    std::vector<std::byte> out;
-    for (char c : std::string("GGUF")) out.push_back(static_cast<std::byte>(c));
-    pod(out, std::uint32_t{3});
-    pod(out, tensors_);
-    pod(out, kvs_);
-    out.insert(out.end(), meta_.begin(), meta_.end());
-    out.insert(out.end(), infos_.begin(), infos_.end());
-    while (out.size() % 32) out.push_back(std::byte{0});
-    out.insert(out.end(), data_.begin(), data_.end());
-    return out;
-  }
-
- private:
-  template <class T>
-  static void pod(std::vector<std::byte>& b, T v) {
-    std::byte raw[sizeof(T)];
-    std::memcpy(raw, &v, sizeof(T));
-    b.insert(b.end(), raw, raw + sizeof(T));
-  }
-  static void text(std::vector<std::byte>& b, const std::string& s) {
-    pod(b, static_cast<std::uint64_t>(s.size()));
-    for (char c : s) b.push_back(static_cast<std::byte>(c));
-  }
-  void key(const std::string& k, std::uint32_t type) {
-    text(meta_, k);
-    pod(meta_, type);
-  }
-  std::vector<std::byte> meta_, infos_, data_;
-  std::uint64_t kvs_ = 0, tensors_ = 0;
-};
-
 /// llama.cpp's q/k permutation: within each head, new row 2i + j = old row j * D/2 + i.
 std::vector<float> permute_rows(const std::vector<float>& w, int heads, int head_dim, int in) {
   std::vector<float> out(w.size());
@@ -286,18 +219,18 @@ std::vector<float> permute_rows(const std::vector<float>& w, int heads, int head
 /// `wrong_k_shape` writes blk.1.attn_k with its dimensions swapped (same bytes, wrong shape).
 fs::path write_gguf(const std::string& name, const Spec& s, const Weights& w, bool wrong_k_shape = false) {
   const std::string arch = s.model_type == "qwen2" ? "qwen2" : "llama";
-  MiniGguf g;
+  test::GgufWriter g;
   auto u32 = [](int x) { return static_cast<std::uint32_t>(x); };
-  g.str("general.architecture", arch);
-  g.u32(arch + ".block_count", u32(s.layers));
-  g.u32(arch + ".context_length", u32(256));
-  g.u32(arch + ".embedding_length", u32(s.hidden));
-  g.u32(arch + ".feed_forward_length", u32(s.inter));
-  g.u32(arch + ".attention.head_count", u32(s.heads));
-  g.u32(arch + ".attention.head_count_kv", u32(s.kv_heads));
-  g.f32(arch + ".attention.layer_norm_rms_epsilon", s.eps);
-  g.f32(arch + ".rope.freq_base", s.theta);
-  g.u32(arch + ".vocab_size", u32(s.vocab));
+  g.add("general.architecture", gguf::Value{std::string(arch)});
+  g.add(arch + ".block_count", gguf::Value{u32(s.layers)});
+  g.add(arch + ".context_length", gguf::Value{u32(256)});
+  g.add(arch + ".embedding_length", gguf::Value{u32(s.hidden)});
+  g.add(arch + ".feed_forward_length", gguf::Value{u32(s.inter)});
+  g.add(arch + ".attention.head_count", gguf::Value{u32(s.heads)});
+  g.add(arch + ".attention.head_count_kv", gguf::Value{u32(s.kv_heads)});
+  g.add(arch + ".attention.layer_norm_rms_epsilon", gguf::Value{s.eps});
+  g.add(arch + ".rope.freq_base", gguf::Value{s.theta});
+  g.add(arch + ".vocab_size", gguf::Value{u32(s.vocab)});
   auto u = [](int x) { return static_cast<std::uint64_t>(x); };
   const bool permute = arch == "llama";
   g.tensor_f32("token_embd.weight", {u(s.hidden), u(s.vocab)}, w.embed);

@@ -10,10 +10,12 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "infer/concepts.hpp"
+#include "infer/core/error.hpp"
 #include "infer/sched/step_plan.hpp"
 
 namespace infer::test {
@@ -251,5 +253,15 @@ struct SimEngine {
     return steps;
   }
 };
+
+/// A plan as text, one "id:start+count" per chunk in batch order, '*' when it samples.
+inline std::string rows(const StepPlan& plan) {
+  std::string out;
+  for (const auto& c : plan.chunks) {
+    if (!out.empty()) out += ' ';
+    out += infer::detail::cat(c.seq->id, ':', c.start, '+', c.count, c.samples ? "*" : "");
+  }
+  return out;
+}
 
 }  // namespace infer::test

@@ -25,15 +25,7 @@ struct ShortestPromptFirst {
 using Fifo = ContinuousBatchScheduler<>;
 using Sim = test::SimEngine<Fifo, FakePagedAllocator>;
 
-/// A plan as text, one "id:start+count" per chunk in batch order, '*' when it samples.
-std::string rows(const StepPlan& plan) {
-  std::string out;
-  for (const auto& c : plan.chunks) {
-    if (!out.empty()) out += ' ';
-    out += detail::cat(c.seq->id, ':', c.start, '+', c.count, c.samples ? "*" : "");
-  }
-  return out;
-}
+using test::rows;
 
 std::string ids(const std::vector<Sequence*>& seqs) {
   std::string out;

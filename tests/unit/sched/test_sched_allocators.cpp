@@ -20,14 +20,7 @@ using Paged = PagedBlockAllocator<4>;
 using Fifo = ContinuousBatchScheduler<>;
 using Sim = test::SimEngine<Fifo, Paged>;
 
-std::string rows(const StepPlan& plan) {
-  std::string out;
-  for (const auto& c : plan.chunks) {
-    if (!out.empty()) out += ' ';
-    out += detail::cat(c.seq->id, ':', c.start, '+', c.count, c.samples ? "*" : "");
-  }
-  return out;
-}
+using test::rows;
 
 SchedulerConfig config(std::int32_t seqs, std::int32_t tokens) {
   SchedulerConfig c;

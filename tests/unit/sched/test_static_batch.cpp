@@ -19,14 +19,7 @@ namespace {
 using Real = ContiguousAllocator<Shape{.max_batch = 2, .max_input = 8, .max_output = 4}>;
 using Fake = FakeSlotAllocator<FakeShape{2, 8, 4}>;
 
-std::string rows(const StepPlan& plan) {
-  std::string out;
-  for (const auto& c : plan.chunks) {
-    if (!out.empty()) out += ' ';
-    out += detail::cat(c.seq->id, ':', c.start, '+', c.count, c.samples ? "*" : "");
-  }
-  return out;
-}
+using test::rows;
 
 }  // namespace
 
