@@ -35,6 +35,7 @@
 ///   view its layout implies; K/V of the chunk are already written. make_view<T>(k, v, block_table,
 ///   block_size, kv_heads, head_dim) builds that view for one layer.
 /// Quantizer — how a linear layer's weight is stored on a backend, and the matmul that uses it.
+/// The types that differ per backend (activations, matmul context, weight store) are BackendTraits<B>.
 
 #include <concepts>
 #include <cstddef>
@@ -45,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "infer/attention/device_batch.hpp"
 #include "infer/attention/kv_view.hpp"
 #include "infer/core/backend.hpp"
 #include "infer/memory/kv_stats.hpp"
@@ -141,30 +143,45 @@ concept attention_makes_views = requires(float* k, float* v, std::span<const std
   { K::template make_view<float>(k, v, table, n, n, n) } -> std::same_as<typename K::template view<float>>;
 };
 
-/// `K` computes attention on backend `B`: for query rows q[count][num_heads][head_dim] at positions
-/// start..start+count-1, out[i] = softmax(q[i] · K[0..start+i]ᵀ · scale) · V[0..start+i].
+/// `K` computes attention on backend `B`.
+/// On the CPU, per chunk: for query rows q[count][num_heads][head_dim] at positions start..start+count-1,
+/// out[i] = softmax(q[i] · K[0..start+i]ᵀ · scale) · V[0..start+i], through the view make_view gives.
+/// On the GPU, per layer and step: `K::attend(cuda{}, batch)` for a whole DeviceAttentionBatch (every
+/// decode and prefill chunk of the step in one or two launches), with `K::workspace_bytes(cuda{}, batch)`
+/// bytes of device workspace.
 template <class K, class B>
-concept AttentionKernel =
-    Backend<B> && attention_describes_itself<K> && attention_makes_views<K> &&
-    KvView<typename K::template view<float>> &&
-    requires(const AttentionShape& shape, const float* q, float* out, std::int32_t start, std::int32_t count,
-             const typename K::template view<float>& kv) {
-      { K::attend(B{}, shape, q, out, start, count, kv) } -> std::same_as<void>;
-    };
+concept attention_computes =
+    (std::same_as<B, cpu> &&
+     requires(const AttentionShape& shape, const float* q, float* out, std::int32_t start, std::int32_t count,
+              const typename K::template view<float>& kv) {
+       { K::attend(cpu{}, shape, q, out, start, count, kv) } -> std::same_as<void>;
+     }) ||
+    (std::same_as<B, cuda> && requires(const DeviceAttentionBatch& batch) {
+      { K::attend(cuda{}, batch) } -> std::same_as<void>;
+      { K::workspace_bytes(cuda{}, batch) } -> std::convertible_to<std::size_t>;
+    });
+
+template <class K, class B>
+concept AttentionKernel = Backend<B> && attention_describes_itself<K> && attention_makes_views<K> &&
+                          KvView<typename K::template view<float>> && attention_computes<K, B>;
 
 // ---- Quantizer --------------------------------------------------------------------------------------
 /// `Q` stores linear-layer weights for backend `B` (`typename Q::template linear<B>`), built from a
-/// file's tensor by `Q::template load<B>(tensor)`, and multiplies with them:
-/// `Q::matmul(B{}, w, x, rows, y)` computes y[rows][w.out()] = x[rows][w.in()] · wᵀ in f32.
+/// file's tensor by `Q::template load<B>(tensor, store)` (`store`: where B keeps weights, see
+/// BackendTraits), and multiplies with them: `Q::matmul(ctx, w, x, rows, y)` computes
+/// y[rows][w.out()] = x[rows][w.in()] · wᵀ in B's activation type (f32 on the CPU; bf16 on the GPU,
+/// accumulated in f32), `ctx` being B's matmul context (the tag on the CPU; handle, stream, scratch on the GPU).
 template <class Q, class B>
-concept Quantizer = Backend<B> && requires(const WeightTensor& t) {
+concept Quantizer = Backend<B> && requires(const WeightTensor& t, typename BackendTraits<B>::weight_store& store) {
   { Q::name } -> std::convertible_to<std::string_view>;
   typename Q::template linear<B>;
-  { Q::template load<B>(t) } -> std::same_as<typename Q::template linear<B>>;
-} && requires(const typename Q::template linear<B>& w, const float* x, std::int32_t rows, float* y) {
+  { Q::template load<B>(t, store) } -> std::same_as<typename Q::template linear<B>>;
+} && requires(const typename Q::template linear<B>& w, typename BackendTraits<B>::matmul_context& ctx,
+              const typename BackendTraits<B>::activation* x, std::int32_t rows,
+              typename BackendTraits<B>::activation* y) {
   { w.out() } -> std::convertible_to<std::int64_t>;
   { w.in() } -> std::convertible_to<std::int64_t>;
-  { Q::matmul(B{}, w, x, rows, y) } -> std::same_as<void>;
+  { Q::matmul(ctx, w, x, rows, y) } -> std::same_as<void>;
 };
 
 }  // namespace infer

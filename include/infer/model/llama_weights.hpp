@@ -6,6 +6,7 @@
 /// in SmolLM2; a gather reads single rows, which no GEMM layout helps with). Every shape is checked
 /// against the ModelConfig here, so the forward pass can trust them.
 
+#include <concepts>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -70,12 +71,12 @@ inline std::vector<float> load_vector(const ModelSource& src, const std::string&
 /// A linear layer [out, in] through the Quantizer, shape-checked before and after loading.
 template <class Q, class B>
 typename Q::template linear<B> load_linear(const ModelSource& src, const std::string& role, std::int64_t out,
-                                           std::int64_t in) {
+                                           std::int64_t in, typename BackendTraits<B>::weight_store& store) {
   const WeightTensor t = src.get(role);
   if (t.shape.size() != 2 || t.shape[0] != static_cast<std::uint64_t>(out) ||
       t.shape[1] != static_cast<std::uint64_t>(in))
     wrong_shape(src, t, role, cat("[", out, ", ", in, "]"));
-  auto w = Q::template load<B>(t);
+  auto w = Q::template load<B>(t, store);
   require<FormatError>(static_cast<std::int64_t>(w.out()) == out && static_cast<std::int64_t>(w.in()) == in,
                        Q::name, "::load of tensor '", t.name, "' gave [", w.out(), ", ", w.in(), "], expected [",
                        out, ", ", in, "]");
@@ -84,18 +85,20 @@ typename Q::template linear<B> load_linear(const ModelSource& src, const std::st
 
 }  // namespace detail
 
-/// Loads every weight of the decoder described by `src.config()`. NotFoundError names a missing
-/// tensor, FormatError one of the wrong shape; InvalidArgument/UnsupportedError come from Q::load.
+/// Loads every weight of the decoder described by `src.config()` on the CPU. NotFoundError names a
+/// missing tensor, FormatError one of the wrong shape; InvalidArgument/UnsupportedError come from Q::load.
+/// (The GPU decoder has its own loader, model/llama_cuda.hpp: it stores fused projections in one arena.)
 template <class Q, class B>
-  requires Quantizer<Q, B>
+  requires Quantizer<Q, B> && std::same_as<B, cpu>
 LlamaWeights<Q, B> load_llama_weights(const ModelSource& src) {
   using detail::cat;
+  cpu store;
   const ModelConfig& c = src.config();
   const std::int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   LlamaWeights<Q, B> w;
-  w.token_embd = detail::load_linear<F32, cpu>(src, "token_embd", c.vocab_size, hidden);
+  w.token_embd = detail::load_linear<F32, cpu>(src, "token_embd", c.vocab_size, hidden, store);
   w.output_norm = detail::load_vector(src, "output_norm", hidden);
-  if (!c.tie_word_embeddings) w.output.emplace(detail::load_linear<Q, B>(src, "output", c.vocab_size, hidden));
+  if (!c.tie_word_embeddings) w.output.emplace(detail::load_linear<Q, B>(src, "output", c.vocab_size, hidden, store));
   w.layers.reserve(static_cast<std::size_t>(c.num_layers));
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     const auto role = [&](const char* name) { return cat("blk.", i, ".", name); };
@@ -104,17 +107,17 @@ LlamaWeights<Q, B> load_llama_weights(const ModelSource& src) {
     };
     w.layers.push_back(LlamaLayerWeights<Q, B>{
         .attn_norm = detail::load_vector(src, role("attn_norm"), hidden),
-        .q = detail::load_linear<Q, B>(src, role("attn_q"), c.q_size(), hidden),
-        .k = detail::load_linear<Q, B>(src, role("attn_k"), c.kv_size(), hidden),
-        .v = detail::load_linear<Q, B>(src, role("attn_v"), c.kv_size(), hidden),
-        .o = detail::load_linear<Q, B>(src, role("attn_output"), hidden, c.q_size()),
+        .q = detail::load_linear<Q, B>(src, role("attn_q"), c.q_size(), hidden, store),
+        .k = detail::load_linear<Q, B>(src, role("attn_k"), c.kv_size(), hidden, store),
+        .v = detail::load_linear<Q, B>(src, role("attn_v"), c.kv_size(), hidden, store),
+        .o = detail::load_linear<Q, B>(src, role("attn_output"), hidden, c.q_size(), store),
         .q_bias = bias("attn_q.bias", c.q_size()),
         .k_bias = bias("attn_k.bias", c.kv_size()),
         .v_bias = bias("attn_v.bias", c.kv_size()),
         .ffn_norm = detail::load_vector(src, role("ffn_norm"), hidden),
-        .gate = detail::load_linear<Q, B>(src, role("ffn_gate"), inter, hidden),
-        .up = detail::load_linear<Q, B>(src, role("ffn_up"), inter, hidden),
-        .down = detail::load_linear<Q, B>(src, role("ffn_down"), hidden, inter),
+        .gate = detail::load_linear<Q, B>(src, role("ffn_gate"), inter, hidden, store),
+        .up = detail::load_linear<Q, B>(src, role("ffn_up"), inter, hidden, store),
+        .down = detail::load_linear<Q, B>(src, role("ffn_down"), hidden, inter, store),
     });
   }
   return w;

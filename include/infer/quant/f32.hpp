@@ -15,7 +15,9 @@
 #include "infer/concepts.hpp"
 #include "infer/core/backend.hpp"
 #include "infer/core/error.hpp"
+#include "infer/core/half.hpp"
 #include "infer/kernels/cpu_ops.hpp"
+#include "infer/model/dummy.hpp"
 #include "infer/quant/dequantize.hpp"
 #include "infer/quant/weight_tensor.hpp"
 
@@ -44,6 +46,13 @@ struct F32Linear<cpu> {
 /// Decodes `t` (any dtype kernels::cpu::dequantize knows) into `dst`, which must hold t.elements() values.
 /// FormatError naming the tensor when its bytes do not match its shape and type.
 inline void dequantize_to_f32(const WeightTensor& t, std::span<float> dst) {
+  if (t.dummy) {  // a dummy model's weight: the same bf16 values the GPU makes
+    require<InvalidArgument>(dst.size() == t.elements(), "dequantize_to_f32: tensor '", t.name, "' has ",
+                             t.elements(), " values, the destination ", dst.size());
+    for (std::size_t i = 0; i < dst.size(); ++i)
+      dst[i] = bf16_to_f32(f32_to_bf16(dummy_value(t.dummy->seed, i, t.dummy->center, t.dummy->spread)));
+    return;
+  }
   try {
     kernels::cpu::dequantize(t.type, t.data, dst);
   } catch (const InvalidArgument& e) {
@@ -61,7 +70,7 @@ struct F32 {
 
   /// A linear layer's weight: `t` must be 2-D ([out, in], row-major). InvalidArgument otherwise.
   template <class B>
-  static linear<B> load(const WeightTensor& t) {
+  static linear<B> load(const WeightTensor& t, cpu = {}) {
     static_assert(std::is_same_v<B, cpu>, "infer::F32::load: only the cpu backend is implemented so far");
     require<InvalidArgument>(t.shape.size() == 2, "F32::load: tensor '", t.name, "' has ", t.shape.size(),
                              " dimensions; a linear layer's weight has 2 ([out, in])");

@@ -6,6 +6,7 @@
 /// in `type`'s encoding; a Quantizer decides what to keep.
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -14,11 +15,21 @@
 
 namespace infer {
 
+/// How a dummy model's weight is made instead of read (vLLM's load_format=dummy): value i is
+/// `dummy_value(seed, i, center, spread)` (model/dummy.hpp), rounded to bf16, computed wherever the weight
+/// is stored — on the GPU for the CUDA backend, so an 8B model needs no host work and no transfer.
+struct DummyFill {
+  std::uint64_t seed = 0;
+  float center = 0.0f;
+  float spread = 0.0f;
+};
+
 struct WeightTensor {
   std::string name;                  ///< the file's name for it, for error messages
   DType type = DType::f32;
   std::vector<std::uint64_t> shape;  ///< row-major, slowest first
-  std::span<const std::byte> data;
+  std::span<const std::byte> data;  ///< empty for a dummy weight
+  std::optional<DummyFill> dummy;   ///< set (with type bf16) for a dummy model's weight
 
   [[nodiscard]] std::uint64_t elements() const noexcept {
     std::uint64_t n = 1;

@@ -40,9 +40,9 @@ TEST_CASE("F32 loads f32, f16 and bf16 weights exactly and multiplies x by w tra
   }
   const auto wb = bytes_of(w), hb = bytes_of(h), bb = bytes_of(b);
   const std::vector<WeightTensor> tensors = {
-      {"w.f32", DType::f32, {out, in}, wb},
-      {"w.f16", DType::f16, {out, in}, hb},
-      {"w.bf16", DType::bf16, {out, in}, bb},
+      {"w.f32", DType::f32, {out, in}, wb, std::nullopt},
+      {"w.f16", DType::f16, {out, in}, hb, std::nullopt},
+      {"w.bf16", DType::bf16, {out, in}, bb, std::nullopt},
   };
   std::vector<float> x(rows * in);
   for (auto& v : x) v = static_cast<float>(small(rng)) / 4.0f;
@@ -82,7 +82,7 @@ TEST_CASE("F32 decodes a GGUF block format (Q8_0)", "[quant][f32]") {
       want.push_back(scale * q);
     }
   }
-  const WeightTensor t{"blk.0.attn_q.weight", DType::q8_0, {out, in}, data};
+  const WeightTensor t{"blk.0.attn_q.weight", DType::q8_0, {out, in}, data, std::nullopt};
   const auto l = F32::load<cpu>(t);
   CHECK(l.w == want);
 }
@@ -90,10 +90,10 @@ TEST_CASE("F32 decodes a GGUF block format (Q8_0)", "[quant][f32]") {
 TEST_CASE("F32 rejects tensors that are not a linear weight or whose bytes disagree", "[quant][f32]") {
   const std::vector<float> w(6, 1.0f);
   const auto wb = bytes_of(w);
-  CHECK_THROWS_AS(F32::load<cpu>(WeightTensor{"norm", DType::f32, {6}, wb}), InvalidArgument);
-  CHECK_THROWS_AS(F32::load<cpu>(WeightTensor{"cube", DType::f32, {1, 2, 3}, wb}), InvalidArgument);
+  CHECK_THROWS_AS(F32::load<cpu>(WeightTensor{"norm", DType::f32, {6}, wb, std::nullopt}), InvalidArgument);
+  CHECK_THROWS_AS(F32::load<cpu>(WeightTensor{"cube", DType::f32, {1, 2, 3}, wb, std::nullopt}), InvalidArgument);
   try {
-    (void)F32::load<cpu>(WeightTensor{"short", DType::f32, {2, 4}, wb});  // 8 values claimed, 6 present
+    (void)F32::load<cpu>(WeightTensor{"short", DType::f32, {2, 4}, wb, std::nullopt});  // 8 values claimed, 6 present
     FAIL("no error");
   } catch (const FormatError& e) {
     CHECK_THAT(e.what(), Catch::Contains("short"));
