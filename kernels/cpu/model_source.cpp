@@ -5,6 +5,7 @@
 
 #include <array>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "infer/core/error.hpp"
 #include "infer/io/gguf.hpp"
 #include "infer/io/safetensors.hpp"
+#include "infer/model/dummy.hpp"
 #include "infer/model/gguf_config.hpp"
 #include "infer/model/hf_config.hpp"
 #include "infer/tokenizer/gguf_vocab.hpp"
@@ -92,6 +94,39 @@ struct ModelSource::Impl {
   std::optional<gguf::File> gguf;
   std::optional<safetensors::Checkpoint> checkpoint;
   std::optional<Tokenizer> tokenizer;
+  std::optional<std::uint64_t> dummy_seed;  ///< set for ModelSource::dummy
+  std::string dummy_label;
+
+  /// A dummy model's weight for role `r`: the shape the config implies, a fill seeded by role.
+  [[nodiscard]] std::optional<WeightTensor> dummy_tensor(const Role& r, std::string name) const {
+    const ModelConfig& c = config;
+    const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+    const std::string_view n = r.name->canonical;
+    if (r.bias && !(c.attention_bias && (n == "attn_q" || n == "attn_k" || n == "attn_v"))) return std::nullopt;
+    if (r.layer >= c.num_layers) return std::nullopt;
+    std::vector<std::uint64_t> shape;
+    const std::uint64_t H = u(c.hidden_size), I = u(c.intermediate_size), qs = u(c.q_size()), kvs = u(c.kv_size());
+    if (n == "token_embd" || n == "output") shape = {u(c.vocab_size), H};
+    else if (n == "output_norm" || n == "attn_norm" || n == "ffn_norm") shape = {H};
+    else if (n == "attn_q") shape = {qs, H};
+    else if (n == "attn_k" || n == "attn_v") shape = {kvs, H};
+    else if (n == "attn_output") shape = {H, qs};
+    else if (n == "ffn_gate" || n == "ffn_up") shape = {I, H};
+    else shape = {H, I};  // ffn_down
+    if (r.bias) shape = {shape[0]};
+    DummyFill fill;
+    // Seeded per tensor: the name's FNV-1a hash mixed with the model's seed.
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (char ch : name) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ull;
+    fill.seed = h ^ (*dummy_seed * 0x9E3779B97F4A7C15ull);
+    if (r.bias) fill.spread = 0.02f;
+    else if (shape.size() == 1) {
+      fill.center = 1.0f;
+      fill.spread = 0.05f;
+    } else if (n == "token_embd") fill.spread = 1.0f;
+    else fill.spread = std::sqrt(3.0f / static_cast<float>(shape[1]));
+    return WeightTensor{std::move(name), DType::bf16, std::move(shape), {}, fill};
+  }
 
   [[nodiscard]] std::string name_of(const Role& r) const {
     const char* suffix = r.bias ? ".bias" : ".weight";
@@ -124,20 +159,35 @@ ModelSource ModelSource::open(const std::filesystem::path& path) {
   return ModelSource(std::move(impl));
 }
 
+ModelSource ModelSource::dummy(ModelConfig config, std::uint64_t seed, std::string label) {
+  config.validate();
+  auto impl = std::make_unique<Impl>();
+  impl->config = std::move(config);
+  impl->dummy_seed = seed;
+  impl->dummy_label = std::move(label);
+  return ModelSource(std::move(impl));
+}
+
+ModelConfig dummy_config(std::string_view name_or_json) {
+  if (name_or_json.ends_with(".json")) return load_hf_config(std::filesystem::path(name_or_json));
+  return dummy_preset(name_or_json);
+}
+
 const ModelConfig& ModelSource::config() const noexcept { return impl_->config; }
 
 std::optional<WeightTensor> ModelSource::find(std::string_view role) const {
   const Role r = parse_role(role);
   if (r.layer < 0 && r.name->canonical == "output" && impl_->config.tie_word_embeddings) return std::nullopt;
   const std::string fname = impl_->name_of(r);
+  if (impl_->dummy_seed) return impl_->dummy_tensor(r, fname);
   if (impl_->gguf) {
     const gguf::TensorInfo* t = impl_->gguf->find_tensor(fname);
     if (!t) return std::nullopt;
-    return WeightTensor{t->name, t->type, std::vector<std::uint64_t>(t->shape.rbegin(), t->shape.rend()), t->data};
+    return WeightTensor{t->name, t->type, std::vector<std::uint64_t>(t->shape.rbegin(), t->shape.rend()), t->data, std::nullopt};
   }
   const safetensors::Tensor* t = impl_->checkpoint->find(fname);
   if (!t) return std::nullopt;
-  return WeightTensor{t->name, t->dtype, t->shape, t->data};
+  return WeightTensor{t->name, t->dtype, t->shape, t->data, std::nullopt};
 }
 
 WeightTensor ModelSource::get(std::string_view role) const {
@@ -153,6 +203,7 @@ std::string ModelSource::file_name(std::string_view role) const { return impl_->
 const Tokenizer* ModelSource::tokenizer() const noexcept { return impl_->tokenizer ? &*impl_->tokenizer : nullptr; }
 
 std::string ModelSource::describe() const {
+  if (impl_->dummy_seed) return cat("dummy model '", impl_->dummy_label, "'");
   return cat(impl_->gguf ? "GGUF '" : "safetensors folder '", impl_->path.string(), "'");
 }
 

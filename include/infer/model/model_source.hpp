@@ -22,6 +22,7 @@
 /// readers stay out of every translation unit that uses a model.
 
 #include <filesystem>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,6 +45,11 @@ class ModelSource {
   /// UnsupportedError / NotFoundError from the readers, each naming the file concerned.
   static ModelSource open(const std::filesystem::path& path);
 
+  /// A model of `config`'s shape with seeded random weights (model/dummy.hpp) and no tokenizer: its
+  /// WeightTensors carry a DummyFill instead of bytes, which the Quantizer turns into values where it
+  /// stores them. FormatError when the config does not validate.
+  static ModelSource dummy(ModelConfig config, std::uint64_t seed = 0, std::string label = "dummy");
+
   ModelSource(ModelSource&&) noexcept;
   ModelSource& operator=(ModelSource&&) noexcept;
   ~ModelSource();
@@ -65,7 +71,7 @@ class ModelSource {
   /// The tokenizer the model ships with; nullptr when it has none.
   [[nodiscard]] const Tokenizer* tokenizer() const noexcept;
 
-  /// "GGUF 'path'" or "safetensors folder 'path'", for messages.
+  /// "GGUF 'path'", "safetensors folder 'path'" or "dummy model 'label'", for messages.
   [[nodiscard]] std::string describe() const;
 
   [[nodiscard]] const std::filesystem::path& path() const noexcept;
