@@ -1,24 +1,46 @@
-// CUDA paged prefill / chunked-prefill attention, flash-attention style on the CUDA cores: one thread block
-// = one sequence x one query head x a tile of BQ = 32 queries (grid-striding over the chunk's tiles). K/V are
-// walked in tiles of BK rows gathered through the block table into shared memory (16-byte loads, converted
-// to f32); each query row is owned by 4 consecutive lanes, which split the tile's keys for the scores and the
-// head's dims for the accumulator; online softmax (log2 domain) in registers, one rescale per tile.
-// Only cache rows at positions <= the chunk's last position are read, so unwritten rows are never touched.
+// CUDA paged prefill / chunked-prefill attention. Two kernels behind one entry point:
+//
+//  - the tensor-core kernel (default), flash-attention-2 style with mma.sync m16n8k16 bf16 -> f32. A thread
+//    block of 4 warps takes BQ = 64·MT queries of one (sequence, query head); warp w owns rows 16·MT·w ..
+//    16·MT·(w+1)-1 of the tile, MT m16 tiles of them. K/V are walked in tiles of 64 positions from 0 up to
+//    the tile's last visible position, gathered through the block table by cp.async (16 bytes a row chunk,
+//    zero fill past the last position) into a double buffer: tile t+1 is in flight while tile t is used.
+//    Shared rows are padded by 16 bytes (a row stride of 4 mod 32 banks), so the 8 row addresses of every
+//    ldmatrix phase fall on 8 distinct 4-bank groups, and every fragment address is a per-lane base plus
+//    a compile-time offset (an XOR swizzle would need a register per k step).
+//    S = Q·Kᵀ: Q is the row-major A operand (ldmatrix from [row][d]; kept in registers when it fits), K the
+//    col operand (ldmatrix without .trans on [pos][d] rows gives Kᵀ's fragments). The online softmax runs
+//    on the S accumulators in f32 (scale·log2 e applied in f32, exp2; row max reduced over the quad that
+//    shares a row; row sums kept per thread and reduced once at the end). P is rounded to bf16 in registers
+//    and reused directly as the A operand of O += P·V (the C layout of two n8 tiles is the A layout of one
+//    k16 step), V through ldmatrix.trans. Only tiles that cross the diagonal are masked; a warp skips a tile
+//    that none of its rows can see. O / l is staged through the warp's own Q rows in shared memory and
+//    written with 16-byte stores, rows past the chunk not at all.
+//  - the CUDA-core kernel it replaced (f32 throughout; set_paged_prefill_path(PrefillPath::cuda_cores) or
+//    INFER_PREFILL_ATTENTION=cuda_cores), one thread block = one sequence x one query head x 32 queries.
+//
+// Both read only cache rows at positions <= the chunk's last position, so unwritten rows are never touched,
+// and size their grids from max_blocks_per_seq * block_size (the lengths stay on the device): thread blocks
+// past their chunk exit at once.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/attention.hpp"
+#include "mma_bf16.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kTileQ = 32;  // kThreads / 4 lanes per query row
+constexpr int kTileQ = 32;  // CUDA-core kernel: kThreads / 4 lanes per query row
 constexpr int kMaxGridX = 4096;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -39,6 +61,13 @@ struct PrefillParams {
   float scale_log2;
 };
 
+// ---- CUDA-core kernel (the fallback) ------------------------------------------------------------------
+// One thread block = one sequence x one query head x a tile of BQ = 32 queries (grid-striding over the
+// chunk's tiles). K/V are walked in tiles of BK rows gathered through the block table into shared memory
+// (16-byte loads, converted to f32); each query row is owned by 4 consecutive lanes, which split the tile's
+// keys for the scores and the head's dims for the accumulator; online softmax (log2 domain) in registers,
+// one rescale per tile.
+
 __device__ __forceinline__ void unpack8_to(const uint4& r, float* f, float mul) {
   f[0] = __uint_as_float(r.x << 16) * mul;
   f[1] = __uint_as_float(r.x & 0xffff0000u) * mul;
@@ -51,7 +80,7 @@ __device__ __forceinline__ void unpack8_to(const uint4& r, float* f, float mul) 
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PrefillParams p) {
+__global__ void __launch_bounds__(kThreads) paged_prefill_cuda_core_kernel(const PrefillParams p) {
   constexpr int BQ = kTileQ;
   constexpr int BK = D == 64 ? 32 : 16;  // keeps the four tiles under 48 KB of static shared memory
   constexpr int KPT = BK / 4;            // keys per lane
@@ -171,7 +200,388 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PrefillPa
   }
 }
 
+
+// ---- tensor-core kernel -------------------------------------------------------------------------------
+
+/// Tile shape of the tensor-core kernel for head_dim D and MT m16 tiles per warp (CUB-style constants).
+template <int D, int MT>
+struct TcTile {
+  static_assert(D == 64 || D == 128, "the tensor-core prefill kernel is built for head_dim 64 and 128");
+  static_assert(MT == 1 || MT == 2, "one or two m16 tiles of queries per warp");
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kRowsPerWarp = 16 * MT;
+  static constexpr int kBQ = kWarps * kRowsPerWarp;  ///< queries per thread block
+  static constexpr int kBK = 64;                      ///< K/V positions per tile
+  static constexpr int kStages = 2;                   ///< K/V double buffer
+  static constexpr int kChunks = D / 8;               ///< 16-byte chunks per row
+  static constexpr int kRowBytes = D * 2 + 16;  ///< padded shared row
+  static constexpr int kQBytes = kBQ * kRowBytes;
+  static constexpr int kKvTileBytes = kBK * kRowBytes;
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvTileBytes;  ///< Q + K and V double buffers
+  /// Q fragments in registers when they are at most 32 registers a thread (MT·D/4), else ldmatrix'd from
+  /// shared memory at every tile (MT 2, D 128: 128 accumulators + 64 scores leave no room for 64 more).
+  static constexpr bool kQInRegs = MT * D <= 128;
+  static_assert((kBK * kChunks) % kThreads == 0 && kThreads % kChunks == 0, "K/V tile copy mapping");
+};
+
+/// Byte offset of 16-byte chunk `c` of row `r` in a padded [rows][D] bf16 shared tile: 8 rows at one chunk
+/// are 4 banks apart (stride D/2 + 4 words), so ldmatrix phases and the C-layout stores are conflict-free.
+template <int D>
+__device__ __forceinline__ std::uint32_t tile_off(int r, int c) {
+  return static_cast<std::uint32_t>(r * (D * 2 + 16) + c * 16);
+}
+
+template <int D, int MT>
+__global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const PrefillParams p) {
+  using T = TcTile<D, MT>;
+  using detail::cp_async_16;
+  using detail::fast_exp2;
+  using detail::ldmatrix_x4;
+  using detail::ldmatrix_x4_trans;
+  using detail::mma_m16n8k16_bf16;
+  using detail::pack_bf16x2;
+  constexpr int BQ = T::kBQ;
+  constexpr int BK = T::kBK;
+  constexpr int WM = T::kRowsPerWarp;
+  constexpr int NC = T::kChunks;
+  constexpr int NT = BK / 8;   // n8 tiles of S per m16 tile
+  constexpr int DT = D / 8;    // n8 tiles of O per m16 tile
+  constexpr int KS = D / 16;   // k16 steps of Q·Kᵀ
+  constexpr int KV_PER_THREAD = BK * NC / kThreads;
+  constexpr int KV_ROW_STEP = kThreads / NC;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const std::uint32_t sq = detail::smem_u32(smem);
+  const std::uint32_t sk = sq + T::kQBytes;
+  const std::uint32_t sv = sk + T::kStages * T::kKvTileBytes;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;   // mma group: rows g and g + 8 of each m16 tile
+  const int tq = lane & 3;   // thread in the group: columns 2tq, 2tq + 1 of each n8 tile
+  const int wr0 = warp * WM;  // the warp's first row in the query tile
+  // Heads vary fastest in launch order (a GQA group's heads read the same K/V while it is in L2), and the
+  // query tiles come last to first: the longest causal rows start first and the short ones fill the tail.
+  const int h = static_cast<int>(blockIdx.x);
+  const int seq = static_cast<int>(blockIdx.y);
+  const int slots = static_cast<int>(gridDim.z);
+  const int kvh = h / p.group;
+  const int q_begin = p.q_indptr[seq];
+  const int count = p.q_indptr[seq + 1] - q_begin;
+  const int start = p.q_start[seq];
+  const int cap = p.max_blocks << p.block_shift;
+  const int block_mask = (1 << p.block_shift) - 1;
+  const std::int32_t* table = p.tables + static_cast<std::size_t>(seq) * p.max_blocks;
+
+  for (int tile = slots - 1 - static_cast<int>(blockIdx.z); tile * BQ < count; tile += slots) {
+    const int q0 = tile * BQ;
+    const int nq = min(BQ, count - q0);
+    const int last = min(start + q0 + nq - 1, cap - 1);  // the tile's last visible position
+    const int diag = min(start + q0, last);              // positions <= diag are visible to every row
+    const int n_tiles = last < 0 ? 0 : last / BK + 1;
+    // The warp's own last visible position: a K/V tile starting past it contributes nothing to its rows.
+    const int warp_last = min(start + q0 + wr0 + WM - 1, last);
+    __syncthreads();  // the previous query tile's readers of sQ / sK / sV are done
+
+    // The warp's Q rows -> sQ (rows past the chunk zero-filled, never read from global memory).
+    for (int i = lane; i < WM * NC; i += 32) {
+      const int r = wr0 + i / NC, c = i % NC;
+      const bool ok = r < nq;
+      const std::uint16_t* src =
+          ok ? p.q + (static_cast<std::size_t>(q_begin + q0 + r) * p.num_heads + h) * D + c * 8 : p.q;
+      cp_async_16(sq + tile_off<D>(r, c), src, ok);
+    }
+    detail::cp_async_commit();
+
+    // K/V tile `t` -> stage `st` (only called with last >= 0). Each thread copies the same chunk column of
+    // KV_PER_THREAD rows. Positions past `last` are zero-filled (their scores are masked, and 0·0 adds
+    // nothing to O): branch-free, their address is that of position `last`, and nothing is read from it.
+    const auto load_kv = [&](int t, int st) {
+      const int c = tid % NC;
+#pragma unroll
+      for (int i = 0; i < KV_PER_THREAD; ++i) {
+        const int r = tid / NC + i * KV_ROW_STEP;
+        const int kp = t * BK + r;
+        const bool ok = kp <= last;
+        const int kc = min(kp, last);
+        const auto blk = static_cast<std::size_t>(__ldg(table + (kc >> p.block_shift)));
+        const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kc & block_mask);
+        const std::size_t off = (row * static_cast<std::size_t>(p.kv_heads) + static_cast<std::size_t>(kvh)) * D + c * 8;
+        const std::uint32_t so = static_cast<std::uint32_t>(st * T::kKvTileBytes) + tile_off<D>(r, c);
+        cp_async_16(sk + so, p.k + off, ok);
+        cp_async_16(sv + so, p.v + off, ok);
+      }
+    };
+    if (n_tiles > 0) load_kv(0, 0);
+    detail::cp_async_commit();
+
+    // Q fragments (A operand, row-major 16x16 per (m16 tile, k16 step)): lane l addresses row l % 16 and
+    // chunk l / 16 of the step, so matrices 0..3 are (rows 0-7, d 0-7), (rows 8-15, d 0-7), (rows 0-7,
+    // d 8-15), (rows 8-15, d 8-15) = a0..a3.
+    std::uint32_t qf[T::kQInRegs ? MT : 1][T::kQInRegs ? KS : 1][4];
+    if constexpr (T::kQInRegs) {
+      detail::cp_async_wait<1>();  // the Q group (the K/V group of tile 0 may still be in flight)
+      __syncwarp();                // the warp's Q rows were copied by its own lanes
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk)
+          ldmatrix_x4(qf[mt][kk], sq + tile_off<D>(wr0 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+    }
+
+    float o[MT][DT][4];
+    float m[MT][2], l[MT][2];  // per row half (g, g + 8): running max (log2 domain), this thread's partial sum
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int j = 0; j < DT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mt][j][e] = 0.0f;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        m[mt][hh] = kNegInf;
+        l[mt][hh] = 0.0f;
+      }
+    }
+
+    // One barrier per K/V tile: after it, tile t (and Q) is visible to all, and every warp is done with
+    // tile t - 1, whose stage then takes tile t + 1 while tile t is used.
+    for (int t = 0; t < n_tiles; ++t) {
+      const int st = t & 1;
+      detail::cp_async_wait<0>();  // this thread's copies of tile t (the only group in flight)
+      __syncthreads();
+      if (t + 1 < n_tiles) load_kv(t + 1, st ^ 1);
+      detail::cp_async_commit();
+
+      const int kv0 = t * BK;
+      if (kv0 <= warp_last) {  // warp-uniform
+        const std::uint32_t kb = sk + static_cast<std::uint32_t>(st * T::kKvTileBytes);
+        const std::uint32_t vb = sv + static_cast<std::uint32_t>(st * T::kKvTileBytes);
+
+        // S = Q·Kᵀ. B operand of n8 tile j (positions 8j..8j+7) for a k16 step: b0 = K rows (pos) x d 0-7,
+        // b1 = d 8-15, both non-transposed 8x8 loads of [pos][d]. One x4 covers n8 tiles 2np and 2np + 1:
+        // lane l addresses position 16np + 8(l / 16) + l % 8 and chunk (l / 8) % 2 of the step, so matrices
+        // 0..3 are b0, b1 of tile 2np and b0, b1 of tile 2np + 1.
+        float s[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+          std::uint32_t a[MT][4];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            if constexpr (T::kQInRegs) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
+            } else {
+              ldmatrix_x4(a[mt], sq + tile_off<D>(wr0 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+            }
+          }
+#pragma unroll
+          for (int np = 0; np < NT / 2; ++np) {
+            std::uint32_t b[4];
+            ldmatrix_x4(b, kb + tile_off<D>(np * 16 + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              mma_m16n8k16_bf16(s[mt][2 * np], a[mt], b[0], b[1]);
+              mma_m16n8k16_bf16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+          }
+        }
+
+        // Scale (f32, log2 domain), then mask where the tile crosses the diagonal: s[mt][j][e] is row
+        // wr0 + 16mt + g + 8(e / 2), position kv0 + 8j + 2tq + e % 2; a row sees positions <= min(qpos, last).
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][j][e] *= p.scale_log2;
+        if (kv0 + BK - 1 > diag) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int lim = min(start + q0 + wr0 + mt * 16 + g + ((e >> 1) << 3), last);
+#pragma unroll
+              for (int j = 0; j < NT; ++j)
+                if (kv0 + j * 8 + tq * 2 + (e & 1) > lim) s[mt][j][e] = kNegInf;
+            }
+        }
+
+        // Online softmax per row half. The quad (same g) holds the whole row: max over its 4 lanes. P is
+        // packed to bf16 pairs at once (pk[mt][j][hh] = row half hh of n8 tile j), so the f32 scores die here.
+        std::uint32_t pk[MT][NT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            float mx = m[mt][hh];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * hh], s[mt][j][2 * hh + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // A row with nothing visible yet keeps max -inf: exponentiate against 0 so that -inf - -inf
+            // never makes a NaN (every p is 0 then, and so is the correction of the empty state).
+            const float mu = mx == kNegInf ? 0.0f : mx;
+            const float corr = fast_exp2(m[mt][hh] - mu);
+            m[mt][hh] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              const float p0 = fast_exp2(s[mt][j][2 * hh] - mu);
+              const float p1 = fast_exp2(s[mt][j][2 * hh + 1] - mu);
+              sum += p0 + p1;  // the f32 values: the bf16 rounding of P is bounded in the tests
+              pk[mt][j][hh] = detail::pack_bf16x2(p0, p1);
+            }
+            l[mt][hh] = fmaf(l[mt][hh], corr, sum);
+#pragma unroll
+            for (int j = 0; j < DT; ++j) {
+              o[mt][j][2 * hh] *= corr;
+              o[mt][j][2 * hh + 1] *= corr;
+            }
+          }
+
+        // O += P·V. A operand of k16 step kk (positions 16kk..16kk+15) from the accumulators of n8 tiles
+        // 2kk (a0 = row g, a1 = row g + 8) and 2kk + 1 (a2, a3), rounded to bf16 above. B operand of O's n8 tile
+        // j (d 8j..8j+7): b0 = V rows 16kk + 2tq, +1 at column g (a transposed 8x8 load of [pos][d]), b1 =
+        // rows + 8. One x4.trans covers d tiles 2dp and 2dp + 1: lane l addresses position 16kk + l % 16 and
+        // chunk 2dp + l / 16, so matrices 0..3 are b0, b1 of tile 2dp and b0, b1 of tile 2dp + 1.
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          std::uint32_t a[MT][4];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            a[mt][0] = pk[mt][2 * kk][0];
+            a[mt][1] = pk[mt][2 * kk][1];
+            a[mt][2] = pk[mt][2 * kk + 1][0];
+            a[mt][3] = pk[mt][2 * kk + 1][1];
+          }
+#pragma unroll
+          for (int dp = 0; dp < DT / 2; ++dp) {
+            std::uint32_t b[4];
+            ldmatrix_x4_trans(b, vb + tile_off<D>(kk * 16 + (lane & 15), dp * 2 + (lane >> 4)));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              mma_m16n8k16_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
+              mma_m16n8k16_bf16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+            }
+          }
+        }
+      }
+    }
+
+    // O / l -> the warp's own rows of sQ (bf16, C layout: row g / g + 8, d 8j + 2tq, +1) -> 16-byte stores.
+    detail::cp_async_wait<0>();  // with no K/V tile at all, the Q copy may still be in flight
+    __syncwarp();  // and the warp's last ldmatrix reads of its Q rows are done (the Q-in-shared variant)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float sum = l[mt][hh];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const int r = wr0 + mt * 16 + g + hh * 8;
+#pragma unroll
+        for (int j = 0; j < DT; ++j)
+          *reinterpret_cast<std::uint32_t*>(smem + tile_off<D>(r, j) + tq * 4) =
+              pack_bf16x2(o[mt][j][2 * hh] * inv, o[mt][j][2 * hh + 1] * inv);
+      }
+    __syncwarp();
+    for (int i = lane; i < WM * NC; i += 32) {
+      const int r = wr0 + i / NC, c = i % NC;
+      if (r < nq) {
+        const uint4 val = *reinterpret_cast<const uint4*>(smem + tile_off<D>(r, c));
+        *reinterpret_cast<uint4*>(p.out + (static_cast<std::size_t>(q_begin + q0 + r) * p.num_heads + h) * D + c * 8) =
+            val;
+      }
+    }
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------------------
+
+std::atomic<int> g_path{static_cast<int>(PrefillPath::automatic)};
+
+/// INFER_PREFILL_ATTENTION, read once.
+PrefillPath env_path() {
+  static const PrefillPath path = [] {
+    const char* v = std::getenv("INFER_PREFILL_ATTENTION");
+    if (v == nullptr) return PrefillPath::tensor_cores_q128;
+    if (std::strcmp(v, "cuda_cores") == 0 || std::strcmp(v, "fallback") == 0) return PrefillPath::cuda_cores;
+    if (std::strcmp(v, "tc64") == 0) return PrefillPath::tensor_cores_q64;
+    return PrefillPath::tensor_cores_q128;
+  }();
+  return path;
+}
+
+PrefillPath resolve_path() {
+  const auto p = static_cast<PrefillPath>(g_path.load(std::memory_order_relaxed));
+  return p == PrefillPath::automatic ? env_path() : p;
+}
+
+/// Opts a kernel instance into its dynamic shared memory (> 48 KB) once per device.
+template <int D, int MT>
+cudaError_t prepare_tc_kernel() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> done[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (dev >= 0 && dev < kMaxDevices && done[dev].load(std::memory_order_acquire)) return cudaSuccess;
+  const auto kernel = paged_prefill_tc_kernel<D, MT>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           TcTile<D, MT>::kSmemBytes);
+      e != cudaSuccess)
+    return e;
+  // A hint: the largest shared-memory carveout, so that two thread blocks fit on an SM.
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxShared);
+      e != cudaSuccess)
+    return e;
+  if (dev >= 0 && dev < kMaxDevices) done[dev].store(true, std::memory_order_release);
+  return cudaSuccess;
+}
+
+template <int D, int MT>
+cudaError_t launch_tc(const PrefillParams& p, int num_seqs, std::int64_t cap, cudaStream_t stream) {
+  using T = TcTile<D, MT>;
+  if (cudaError_t e = prepare_tc_kernel<D, MT>(); e != cudaSuccess) return e;
+  std::int64_t tiles = (cap + T::kBQ - 1) / T::kBQ;
+  if (tiles > kMaxGridX) tiles = kMaxGridX;
+  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs), static_cast<unsigned>(tiles));
+  paged_prefill_tc_kernel<D, MT><<<grid, kThreads, T::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_cuda_cores(const PrefillParams& p, int head_dim, int num_seqs, std::int64_t cap,
+                              cudaStream_t stream) {
+  std::int64_t tiles = (cap + kTileQ - 1) / kTileQ;
+  if (tiles > kMaxGridX) tiles = kMaxGridX;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs));
+  if (head_dim == 64) paged_prefill_cuda_core_kernel<64><<<grid, kThreads, 0, stream>>>(p);
+  else paged_prefill_cuda_core_kernel<128><<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+const char* path_name(PrefillPath path) {
+  switch (path) {
+    case PrefillPath::cuda_cores: return "CUDA cores";
+    case PrefillPath::tensor_cores_q64: return "tensor cores, 64-query tiles";
+    default: return "tensor cores, 128-query tiles";
+  }
+}
+
 }  // namespace
+
+PrefillPath set_paged_prefill_path(PrefillPath path) {
+  return static_cast<PrefillPath>(g_path.exchange(static_cast<int>(path), std::memory_order_relaxed));
+}
 
 void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, const std::int32_t* q_indptr,
                              const std::int32_t* q_start, int num_heads, float scale, std::uint16_t* out,
@@ -225,18 +635,24 @@ void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, 
   p.scale_log2 = scale * kLog2e;
 
   // The chunk lengths stay on the device: size the grid from the longest chunk a sequence can hold;
-  // blocks past their chunk's end exit at once, and the kernel grid-strides beyond kMaxGridX tiles.
+  // blocks past their chunk's end exit at once, and the kernels grid-stride beyond kMaxGridX tiles.
   const std::int64_t cap = static_cast<std::int64_t>(b.max_blocks_per_seq) * b.block_size;
-  std::int64_t tiles = (cap + kTileQ - 1) / kTileQ;
-  if (tiles > kMaxGridX) tiles = kMaxGridX;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(num_heads), static_cast<unsigned>(b.num_seqs));
+  PrefillPath path = resolve_path();
+  if (misaligned(out)) path = PrefillPath::cuda_cores;  // the tensor-core kernel stores 16 bytes at a time
   auto s = static_cast<cudaStream_t>(stream);
-  if (b.head_dim == 64) paged_prefill_kernel<64><<<grid, kThreads, 0, s>>>(p);
-  else paged_prefill_kernel<128><<<grid, kThreads, 0, s>>>(p);
-  const cudaError_t err = cudaGetLastError();
+  cudaError_t err = cudaSuccess;
+  switch (path) {
+    case PrefillPath::cuda_cores: err = launch_cuda_cores(p, b.head_dim, b.num_seqs, cap, s); break;
+    case PrefillPath::tensor_cores_q64:
+      err = b.head_dim == 64 ? launch_tc<64, 1>(p, b.num_seqs, cap, s) : launch_tc<128, 1>(p, b.num_seqs, cap, s);
+      break;
+    default:
+      err = b.head_dim == 64 ? launch_tc<64, 2>(p, b.num_seqs, cap, s) : launch_tc<128, 2>(p, b.num_seqs, cap, s);
+      break;
+  }
   if (err != cudaSuccess)
     throw DeviceError(cat("cuda::paged_prefill_attention(", b.num_seqs, " sequences, ", num_heads, "/",
-                          b.num_kv_heads, " heads of ", b.head_dim, "): kernel launch failed: ", cudaGetErrorName(err),
+                          b.num_kv_heads, " heads of ", b.head_dim, ", ", path_name(path), "): kernel launch failed: ", cudaGetErrorName(err),
                           ": ", cudaGetErrorString(err)));
 }
 

@@ -10,6 +10,7 @@
 //    over <= 4096 terms that differs by ~1e-5 at most (a few f32 ulps per term, growing like sqrt(n)),
 //    so 1e-4 absolute is a 10x margin;
 //  - the output is rounded to bf16 (8 significant bits, round to nearest): at most half an ulp, 2^-8 |r|.
+// The prefill tensor-core kernel rounds P to bf16 as well: its bound adds a term for that (see "prefill").
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
@@ -194,59 +195,187 @@ TEST_CASE("CUDA paged decode attention without a split (grid already full)", "[c
   }
 }
 
+namespace {
+
+// ---- prefill -------------------------------------------------------------------------------------------
+//
+// Every case runs through each prefill kernel (set_paged_prefill_path): the CUDA-core fallback and the
+// tensor-core kernel with 64- and 128-query tiles. The CUDA-core kernel is f32 throughout and is held to the
+// bound above. The tensor-core kernel differs in one place that matters: P = exp2(s - m) is rounded to bf16
+// (round to nearest: |p̂ - p| <= 2^-8 p) before O += P·V, while the row sum l is summed from the f32 p. So
+//   |Σ p̂ v / Σ p - Σ p v / Σ p| <= 2^-8 Σ p |v| / Σ p = 2^-8 a,
+// with a = the attention output over |V| (computed by the same CPU reference on a copy of the cache with
+// |V|; a <= max |v| <= 1). Its bound is  |g - r| <= 2^-8 (|r| + a) + 1e-4:  the f32 terms as above (Q·Kᵀ on
+// the tensor cores multiplies bf16 exactly and accumulates in f32), the output rounding 2^-8 |r|, and the
+// second-order term 2^-16 a of rounding the perturbed value inside the 1e-4 margin. A wrong fragment layout,
+// mask or rescale gives errors of the order of |v| itself, far outside.
+// The tensor-core outputs are also compared with the CUDA-core ones (same inputs): by the triangle inequality
+// |g_tc - g_cc| <= 2^-8 (2|r| + a) + 2e-4, and both must have written exactly the same values (no NaN).
+
+/// Sets the prefill kernel for one scope and restores the previous choice.
+struct PrefillPathScope {
+  kc::PrefillPath prev;
+  explicit PrefillPathScope(kc::PrefillPath p) : prev(kc::set_paged_prefill_path(p)) {}
+  ~PrefillPathScope() { kc::set_paged_prefill_path(prev); }
+  PrefillPathScope(const PrefillPathScope&) = delete;
+  PrefillPathScope& operator=(const PrefillPathScope&) = delete;
+};
+
+constexpr kc::PrefillPath kPrefillPaths[] = {kc::PrefillPath::cuda_cores, kc::PrefillPath::tensor_cores_q64,
+                                             kc::PrefillPath::tensor_cores_q128};
+
+const char* prefill_path_name(kc::PrefillPath p) {
+  switch (p) {
+    case kc::PrefillPath::cuda_cores: return "CUDA cores";
+    case kc::PrefillPath::tensor_cores_q64: return "tensor cores, 64-query tiles";
+    case kc::PrefillPath::tensor_cores_q128: return "tensor cores, 128-query tiles";
+    default: return "automatic";
+  }
+}
+
+/// The bound of one prefill output value (see above); `bf16_p` for the tensor-core kernel.
+float prefill_tol(float r, float a, bool bf16_p) {
+  return std::ldexp(std::fabs(r) + (bf16_p ? a : 0.0f), -8) + 1e-4f;
+}
+
+/// Counts values outside the prefill bound (reporting the first few); NaN counts as outside.
+int compare_prefill(const std::vector<std::uint16_t>& got, const std::vector<float>& ref,
+                    const std::vector<float>& weight, bool bf16_p) {
+  int bad = 0;
+  double worst = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const float g = bf16_to_f32(got[i]), r = ref[i];
+    const float tol = prefill_tol(r, weight[i], bf16_p);
+    const float err = std::fabs(g - r);
+    if (std::isfinite(g)) worst = std::max(worst, static_cast<double>(err / tol));
+    if (!(err <= tol) && ++bad <= 5) FAIL_CHECK("value " << i << ": got " << g << ", reference " << r);
+  }
+  INFO("worst error / bound: " << worst);
+  CHECK(worst <= 1.0);
+  return bad;
+}
+
+struct Chunk {
+  int start, count;  ///< queries at positions start..start+count-1, the cache holding start+count rows
+};
+
+/// One batch of chunks (one sequence each) through every prefill kernel, against the CPU reference and the
+/// tensor-core kernels against the CUDA-core one. With `misaligned_out` the output starts 2 bytes past a
+/// 16-byte boundary, where every path must take the CUDA-core kernel (and so meets its bound).
+void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks, std::mt19937& rng,
+                      cudaStream_t stream, bool misaligned_out = false) {
+  const int H = c.group * kvh, D = c.head_dim;
+  const auto S = static_cast<int>(chunks.size());
+  INFO("group " << c.group << ", head_dim " << D << ", block " << c.block_size << ", " << S << " sequences, "
+                << kvh << " KV heads" << (misaligned_out ? ", misaligned out" : ""));
+  std::vector<int> lens, indptr{0}, starts;
+  for (const Chunk& ch : chunks) {
+    lens.push_back(ch.start + ch.count);  // rows past the chunk stay NaN
+    starts.push_back(ch.start);
+    indptr.push_back(indptr.back() + ch.count);
+  }
+  const Cache cache(lens, c.block_size, kvh, D, rng);
+  std::vector<float> vabs(cache.vf.size());
+  for (std::size_t i = 0; i < vabs.size(); ++i) vabs[i] = std::fabs(cache.vf[i]);
+  const auto total_q = static_cast<std::size_t>(indptr.back());
+  const std::size_t qn = total_q * H * D;
+  const auto q = random_bf16(qn, rng);
+  const auto qf = to_f32(q);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  std::vector<float> ref(qn), weight(qn);
+  const AttentionShape shape{H, kvh, D, scale};
+  for (int s = 0; s < S; ++s) {
+    const auto su = static_cast<std::size_t>(s);
+    const std::size_t at = static_cast<std::size_t>(indptr[su]) * H * D;
+    kernels::cpu::attention(shape, qf.data() + at, ref.data() + at, starts[su], chunks[su].count, cache.view(su));
+    const PagedKvView<const float> abs_view{cache.kf.data(), vabs.data(),
+                                            cache.tables.data() + su * static_cast<std::size_t>(cache.max_blocks),
+                                            cache.max_blocks, cache.bs, cache.kvh, cache.d};
+    kernels::cpu::attention(shape, qf.data() + at, weight.data() + at, starts[su], chunks[su].count, abs_view);
+  }
+  test::DeviceMem dk(cache.k.size() * 2), dv(cache.v.size() * 2), dt(cache.tables.size() * 4), dl(lens.size() * 4),
+      dind(indptr.size() * 4), dst(starts.size() * 4), dq(qn * 2), dout(qn * 2 + 16);
+  upload(dk, cache.k);
+  upload(dv, cache.v);
+  upload(dt, cache.tables);
+  upload(dl, std::vector<std::int32_t>(lens.begin(), lens.end()));
+  upload(dind, std::vector<std::int32_t>(indptr.begin(), indptr.end()));
+  upload(dst, std::vector<std::int32_t>(starts.begin(), starts.end()));
+  upload(dq, q);
+  const kc::PagedKvBatch batch{dk.as<const std::uint16_t>(), dv.as<const std::uint16_t>(),
+                               dt.as<const std::int32_t>(), dl.as<const std::int32_t>(),
+                               S, cache.max_blocks, c.block_size, kvh, D};
+  std::uint16_t* out = dout.as<std::uint16_t>(misaligned_out ? 2 : 0);
+  std::vector<std::vector<std::uint16_t>> outs;
+  for (const kc::PrefillPath path : kPrefillPaths) {
+    INFO("prefill kernel: " << prefill_path_name(path));
+    const PrefillPathScope scope(path);
+    CUDA_REQUIRE(cudaMemset(dout.p, 0xff, qn * 2 + 16));  // 0xffff is a bf16 NaN
+    kc::paged_prefill_attention(batch, dq.as<const std::uint16_t>(), dind.as<const std::int32_t>(),
+                                dst.as<const std::int32_t>(), H, scale, out, stream);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    outs.push_back(download<std::uint16_t>(out, qn));
+    const bool bf16_p = path != kc::PrefillPath::cuda_cores && !misaligned_out;
+    CHECK(compare_prefill(outs.back(), ref, weight, bf16_p) == 0);
+  }
+  // The tensor-core kernels against the CUDA-core one.
+  for (std::size_t k = 1; k < outs.size(); ++k) {
+    INFO("prefill kernel " << prefill_path_name(kPrefillPaths[k]) << " against the CUDA cores");
+    int bad = 0;
+    double worst = 0.0;
+    for (std::size_t i = 0; i < qn; ++i) {
+      const float gt = bf16_to_f32(outs[k][i]), gc = bf16_to_f32(outs[0][i]);
+      const float tol = prefill_tol(ref[i], weight[i], true) + prefill_tol(ref[i], 0.0f, false);
+      const float err = std::fabs(gt - gc);
+      if (std::isfinite(err)) worst = std::max(worst, static_cast<double>(err / tol));
+      if (!(err <= tol) && ++bad <= 5) FAIL_CHECK("value " << i << ": " << gt << " against " << gc);
+    }
+    INFO("worst difference / bound: " << worst);
+    CHECK(bad == 0);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("CUDA paged prefill attention matches the CPU reference (chunked, causal)", "[cuda][attention]") {
   std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   for (const Config& c : all_configs()) {
     const int kvh = c.group == 8 ? 1 : 2;
-    const int H = c.group * kvh, D = c.head_dim;
-    // (start, count): a one-token chunk, a short prompt, a chunk in the middle of a long context, a whole
-    // prompt of several query tiles, and the last chunk of a 4096-token context.
+    // Sequences of different lengths in one call: a one-token chunk, a short prompt, a chunk in the middle of a
+    // long context (prefix already cached), a whole prompt of several query tiles, the last chunk of a
+    // 4096-token context, chunks starting off a 64-position tile and not a multiple of 64 long (spanning
+    // query tiles of both heights), an aligned 128 x 128 chunk, an empty chunk, and one of exactly 64.
     const int mid = 1000 + static_cast<int>(rng() % 100);
-    const std::vector<std::pair<int, int>> chunks{{0, 1}, {0, 17}, {mid, 37}, {0, 300}, {4032, 64}};
-    INFO("group " << c.group << ", head_dim " << D << ", block " << c.block_size);
-    std::vector<int> lens, indptr{0}, starts;
-    for (auto [st, n] : chunks) {
-      lens.push_back(st + n);  // rows past the chunk stay NaN
-      starts.push_back(st);
-      indptr.push_back(indptr.back() + n);
-    }
-    const auto S = static_cast<int>(chunks.size());
-    const Cache cache(lens, c.block_size, kvh, D, rng);
-    const auto total_q = static_cast<std::size_t>(indptr.back());
-    const std::size_t qn = total_q * H * D;
-    const auto q = random_bf16(qn, rng);
-    const auto qf = to_f32(q);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    std::vector<float> ref(qn);
-    const AttentionShape shape{H, kvh, D, scale};
-    for (int s = 0; s < S; ++s) {
-      const std::size_t at = static_cast<std::size_t>(indptr[static_cast<std::size_t>(s)]) * H * D;
-      kernels::cpu::attention(shape, qf.data() + at, ref.data() + at, starts[static_cast<std::size_t>(s)],
-                              chunks[static_cast<std::size_t>(s)].second, cache.view(static_cast<std::size_t>(s)));
-    }
-    test::DeviceMem dk(cache.k.size() * 2), dv(cache.v.size() * 2), dt(cache.tables.size() * 4), dl(lens.size() * 4),
-        dind(indptr.size() * 4), dst(starts.size() * 4), dq(qn * 2), dout(qn * 2);
-    upload(dk, cache.k);
-    upload(dv, cache.v);
-    upload(dt, cache.tables);
-    upload(dl, std::vector<std::int32_t>(lens.begin(), lens.end()));
-    upload(dind, std::vector<std::int32_t>(indptr.begin(), indptr.end()));
-    upload(dst, std::vector<std::int32_t>(starts.begin(), starts.end()));
-    upload(dq, q);
-    CUDA_REQUIRE(cudaMemset(dout.p, 0xff, qn * 2));
-    const kc::PagedKvBatch batch{dk.as<const std::uint16_t>(), dv.as<const std::uint16_t>(),
-                                 dt.as<const std::int32_t>(), dl.as<const std::int32_t>(),
-                                 S, cache.max_blocks, c.block_size, kvh, D};
-    kc::paged_prefill_attention(batch, dq.as<const std::uint16_t>(), dind.as<const std::int32_t>(),
-                                dst.as<const std::int32_t>(), H, scale, dout.as<std::uint16_t>(), stream);
-    CUDA_REQUIRE(cudaStreamSynchronize(stream));
-    std::vector<std::uint16_t> got(qn);
-    CUDA_REQUIRE(cudaMemcpy(got.data(), dout.p, qn * 2, cudaMemcpyDeviceToHost));
-    CHECK(compare(got, ref) == 0);
+    const std::vector<Chunk> chunks{{0, 1},   {0, 17},    {mid, 37}, {0, 300}, {4032, 64},
+                                    {77, 200}, {63, 129}, {128, 128}, {50, 0},  {5, 64}};
+    run_prefill_case(c, kvh, chunks, rng, stream);
   }
   CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("CUDA paged prefill attention: long chunks, any power-of-two block size", "[cuda][attention]") {
+  std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
+  // Block sizes 1 and 4 (a table lookup for nearly every row), 256 and 1024 (a tile inside one block); long
+  // chunks of many query tiles, with and without a cached prefix.
+  for (const Config& c : {Config{4, 128, 1}, Config{3, 64, 4}, Config{1, 128, 256}, Config{2, 64, 1024}}) {
+    const std::vector<Chunk> chunks{{0, 1000}, {1500, 333}, {0, 65}, {2047, 1}};
+    run_prefill_case(c, 2, chunks, rng, nullptr);
+  }
+}
+
+TEST_CASE("CUDA paged prefill attention with a misaligned output takes the CUDA-core kernel", "[cuda][attention]") {
+  std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
+  for (const Config& c : {Config{4, 128, 16}, Config{1, 64, 8}})
+    run_prefill_case(c, 2, {{0, 130}, {300, 70}}, rng, nullptr, /*misaligned_out=*/true);
+}
+
+TEST_CASE("set_paged_prefill_path returns the previous choice", "[cuda][attention]") {
+  const auto first = kc::set_paged_prefill_path(kc::PrefillPath::cuda_cores);
+  CHECK(first == kc::PrefillPath::automatic);  // nothing else has changed it (the scopes above restore it)
+  CHECK(kc::set_paged_prefill_path(kc::PrefillPath::tensor_cores_q64) == kc::PrefillPath::cuda_cores);
+  CHECK(kc::set_paged_prefill_path(first) == kc::PrefillPath::tensor_cores_q64);
 }
 
 TEST_CASE("CUDA paged attention rejects bad arguments", "[cuda][attention]") {
@@ -326,37 +455,72 @@ TEST_CASE("CUDA paged decode attention bandwidth", "[cuda][attention][.bench]") 
   std::printf("paged decode b%d ctx%d h%d/%d d%d block%d splits %d: median %.1f us, %.2f TB/s (K+V read)\n", S, L, H,
               KVH, D, BS, kc::paged_decode_num_splits(batch, H), med * 1e3, bytes / (med * 1e-3) / 1e12);
 
-  // Prefill for scale: 4 sequences x 2048 tokens, causal.
-  constexpr int PS = 4, PL = 2048;
-  const std::size_t pq = static_cast<std::size_t>(PS) * PL * H * D;
-  test::DeviceMem pdq(pq * 2), pdo(pq * 2), pind((PS + 1) * 4), pst(PS * 4);
-  CUDA_REQUIRE(cudaMemset(pdq.p, 0x3c, pq * 2));
-  std::vector<std::int32_t> ind(PS + 1);
-  for (int s = 0; s <= PS; ++s) ind[static_cast<std::size_t>(s)] = s * PL;
-  upload(pind, ind);
-  upload(pst, std::vector<std::int32_t>(PS, 0));
-  auto pbatch = batch;
-  pbatch.num_seqs = PS;
-  auto pstep = [&] {
-    kc::paged_prefill_attention(pbatch, pdq.as<const std::uint16_t>(), pind.as<const std::int32_t>(),
-                                pst.as<const std::int32_t>(), H, scale, pdo.as<std::uint16_t>(), nullptr);
-  };
-  pstep();
-  ms.clear();
-  for (int i = 0; i < 5; ++i) {
-    CUDA_REQUIRE(cudaEventRecord(a));
-    pstep();
-    CUDA_REQUIRE(cudaEventRecord(b));
-    CUDA_REQUIRE(cudaEventSynchronize(b));
-    float t = 0;
-    CUDA_REQUIRE(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
+  CUDA_REQUIRE(cudaEventDestroy(a));
+  CUDA_REQUIRE(cudaEventDestroy(b));
+}
+
+TEST_CASE("CUDA paged prefill attention throughput", "[cuda][attention][.bench]") {
+  // 4 sequences x 4096 tokens, causal, 32 query heads of 128 over 8 (GQA) or 32 KV heads, block 16; FLOPs
+  // counted as 4·b·h·d·(causal pairs). Constant inputs make the softmax uniform, so every output value is
+  // exactly V's (p = 1 is exact in bf16 and n·v is exact in f32): a cheap check that every row was written.
+  constexpr int S = 4, L = 4096, H = 32, D = 128, BS = 16;
+  constexpr int MB = L / BS;  // the table covers exactly the chunk: no thread block exits early
+  constexpr std::uint16_t kValue = 0x3c3c;
+  const std::size_t blocks = static_cast<std::size_t>(S) * MB;
+  const std::size_t qn = static_cast<std::size_t>(S) * L * H * D;
+  std::mt19937 rng(7);
+  std::vector<std::int32_t> ids(blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<std::int32_t> ind(S + 1);
+  for (int s = 0; s <= S; ++s) ind[static_cast<std::size_t>(s)] = s * L;
+  test::DeviceMem dt(blocks * 4), dl(S * 4), dq(qn * 2), dout(qn * 2), dind((S + 1) * 4), dst(S * 4);
+  upload(dt, ids);
+  upload(dl, std::vector<std::int32_t>(S, L));
+  upload(dind, ind);
+  upload(dst, std::vector<std::int32_t>(S, 0));
+  CUDA_REQUIRE(cudaMemset(dq.p, 0x3c, qn * 2));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  cudaEvent_t a, b;
+  CUDA_REQUIRE(cudaEventCreate(&a));
+  CUDA_REQUIRE(cudaEventCreate(&b));
+  for (const int KVH : {8, 32}) {
+    const std::size_t kv_elems = blocks * BS * KVH * D;
+    test::DeviceMem dk(kv_elems * 2), dv(kv_elems * 2);
+    CUDA_REQUIRE(cudaMemset(dk.p, 0x3c, kv_elems * 2));
+    CUDA_REQUIRE(cudaMemset(dv.p, 0x3c, kv_elems * 2));
+    const kc::PagedKvBatch batch{dk.as<const std::uint16_t>(), dv.as<const std::uint16_t>(),
+                                 dt.as<const std::int32_t>(), dl.as<const std::int32_t>(), S, MB, BS, KVH, D};
+    for (const kc::PrefillPath path : {kc::PrefillPath::cuda_cores, kc::PrefillPath::tensor_cores_q64,
+                                       kc::PrefillPath::tensor_cores_q128, kc::PrefillPath::automatic}) {
+      INFO("prefill kernel: " << prefill_path_name(path) << ", " << KVH << " KV heads");
+      const PrefillPathScope scope(path);
+      auto step = [&] {
+        kc::paged_prefill_attention(batch, dq.as<const std::uint16_t>(), dind.as<const std::int32_t>(),
+                                    dst.as<const std::int32_t>(), H, scale, dout.as<std::uint16_t>(), nullptr);
+      };
+      CUDA_REQUIRE(cudaMemset(dout.p, 0xff, qn * 2));
+      step();
+      CUDA_REQUIRE(cudaDeviceSynchronize());
+      const auto got = download<std::uint16_t>(dout.p, qn);
+      CHECK(std::count(got.begin(), got.end(), kValue) == static_cast<std::ptrdiff_t>(qn));
+      std::vector<float> ms;
+      for (int i = 0; i < 10; ++i) {
+        CUDA_REQUIRE(cudaEventRecord(a));
+        step();
+        CUDA_REQUIRE(cudaEventRecord(b));
+        CUDA_REQUIRE(cudaEventSynchronize(b));
+        float t = 0;
+        CUDA_REQUIRE(cudaEventElapsedTime(&t, a, b));
+        ms.push_back(t);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double med = ms[ms.size() / 2];
+      const double flops = 4.0 * S * H * D * (static_cast<double>(L) * (L + 1) / 2);
+      std::printf("paged prefill b%d s%d h%d/%d d%d block%d causal, %s: median %.2f ms, %.1f TFLOP/s\n", S, L, H, KVH,
+                  D, BS, prefill_path_name(path), med, flops / (med * 1e-3) / 1e12);
+    }
   }
-  std::sort(ms.begin(), ms.end());
-  const double pmed = ms[ms.size() / 2];
-  const double flops = 4.0 * PS * H * D * (static_cast<double>(PL) * (PL + 1) / 2);
-  std::printf("paged prefill b%d s%d h%d/%d d%d causal: median %.2f ms, %.1f TFLOP/s\n", PS, PL, H, KVH, D, pmed,
-              flops / (pmed * 1e-3) / 1e12);
   CUDA_REQUIRE(cudaEventDestroy(a));
   CUDA_REQUIRE(cudaEventDestroy(b));
 }

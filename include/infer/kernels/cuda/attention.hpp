@@ -56,10 +56,27 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
 /// q [total_q][num_heads][head_dim] (bf16, device), at positions q_start[s] + i; query i attends to
 /// cache positions 0..q_start[s] + i. q_indptr [num_seqs + 1] and q_start [num_seqs] are on the device.
 /// Chunks may be at most max_blocks_per_seq * block_size queries long (the grid is sized from that
-/// bound, since the lengths stay on the device). out has q's shape.
+/// bound, since the lengths stay on the device). out has q's shape. batch.seq_lens is not read (it may
+/// be null): cache rows past q_start[s] + count - 1 are never read, so they need not be written.
+///
+/// Kernel (see PrefillPath): by default flash-attention-2 on the tensor cores (mma.sync m16n8k16 bf16,
+/// f32 accumulators): a thread block takes 128 (or 64) queries of one (sequence, query head), walks the
+/// K/V tiles of 64 positions up to its causal limit (double-buffered cp.async gathers through the block
+/// table), keeps S = Q·Kᵀ and the online softmax in f32 registers and rounds P to bf16 for O += P·V
+/// (error <= 2^-8 · Σ p|v| / Σ p per output value on top of the f32 path's). The CUDA-core kernel it
+/// replaced (f32 everywhere) stays as a fallback, and runs whenever `out` is not 16-byte aligned.
 void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, const std::int32_t* q_indptr,
                              const std::int32_t* q_start, int num_heads, float scale, std::uint16_t* out,
                              void* stream);
+
+/// Which kernel paged_prefill_attention runs, process-wide: `automatic` (the default) takes the value of the
+/// environment variable INFER_PREFILL_ATTENTION, read once — `cuda_cores` (or `fallback`), `tc64`, `tc128`;
+/// unset or anything else means tensor cores with 128-query tiles. `cuda_cores` forces the CUDA-core
+/// fallback (to switch off a suspect tensor-core path without losing prefill); `tensor_cores_q64` /
+/// `tensor_cores_q128` force a tensor-core tile height (64 queries suit short chunks). Returns the previous
+/// choice; thread-safe, takes effect at the next call (a captured CUDA graph keeps the kernel it captured).
+enum class PrefillPath : int { automatic = 0, cuda_cores = 1, tensor_cores_q64 = 2, tensor_cores_q128 = 3 };
+PrefillPath set_paged_prefill_path(PrefillPath path);
 
 }  // namespace infer::kernels::cuda
 #endif
