@@ -4,17 +4,23 @@
 /// are found through its block table (PagedKvView), so blocks can be shared between sequences
 /// (prefix cache, forks) and grown one at a time. `Tuning` holds the per-backend tile sizes
 /// (`cpu_kv_tile`, see cpu_attention.hpp); `void` takes the defaults.
-/// The CPU `attend` is here; the CUDA one will be an overload `attend(cuda, ...)` of the same policy.
+/// The CPU `attend` runs one chunk over its view; the CUDA `attend(cuda, batch)` runs a whole step of
+/// one layer: the flash-decoding kernel over the decode rows and the causal prefill kernel over the
+/// prefill chunks (kernels/cuda/paged_{decode,prefill}_attention.cu), both reading the block tables.
 
 #include <cstdint>
 #include <span>
 #include <string_view>
 
 #include "infer/attention/cpu_attention.hpp"
+#include "infer/attention/device_batch.hpp"
 #include "infer/attention/kv_view.hpp"
 #include "infer/concepts.hpp"
 #include "infer/core/backend.hpp"
 #include "infer/core/error.hpp"
+#if defined(INFER_HAVE_CUDA)
+#include "infer/kernels/cuda/attention.hpp"
+#endif
 
 namespace infer {
 
@@ -41,8 +47,42 @@ struct PagedAttention {
                              " tokens in the block table; grow the sequence first");
     kernels::cpu::attention<kernels::cpu::detail::cpu_kv_tile<Tuning>()>(shape, q, out, start, count, kv);
   }
+
+#if defined(INFER_HAVE_CUDA)
+  /// Decode rows through the split-K kernel (its partial softmax states need the workspace), prefill
+  /// chunks through the causal kernel; both enqueue on batch.stream and never synchronize.
+  static void attend(cuda, const DeviceAttentionBatch& b) {
+    if (b.num_decode > 0)
+      kernels::cuda::paged_decode_attention(decode_part(b), b.q, b.num_heads, b.scale, b.out, b.workspace,
+                                            b.workspace_bytes, b.stream);
+    if (b.num_prefill > 0) {
+      const std::size_t first = static_cast<std::size_t>(b.num_decode) * static_cast<std::size_t>(b.num_heads) *
+                                static_cast<std::size_t>(b.head_dim);
+      kernels::cuda::paged_prefill_attention(prefill_part(b), b.q + first, b.prefill_indptr, b.prefill_start,
+                                             b.num_heads, b.scale, b.out + first, b.stream);
+    }
+  }
+
+  /// Workspace of the decode kernel's split-K partials (the prefill kernel needs none).
+  static std::size_t workspace_bytes(cuda, const DeviceAttentionBatch& b) {
+    return b.num_decode > 0 ? kernels::cuda::paged_decode_workspace_bytes(decode_part(b), b.num_heads) : 0;
+  }
+
+ private:
+  static kernels::cuda::PagedKvBatch decode_part(const DeviceAttentionBatch& b) {
+    return {b.k, b.v, b.decode_tables, b.decode_lens, b.num_decode, b.table_width, b.block_size, b.num_kv_heads,
+            b.head_dim};
+  }
+  static kernels::cuda::PagedKvBatch prefill_part(const DeviceAttentionBatch& b) {
+    return {b.k, b.v, b.prefill_tables, nullptr, b.num_prefill, b.table_width, b.block_size, b.num_kv_heads,
+            b.head_dim};
+  }
+#endif
 };
 
 static_assert(AttentionKernel<PagedAttention<>, cpu>);
+#if defined(INFER_HAVE_CUDA)
+static_assert(AttentionKernel<PagedAttention<>, cuda>);
+#endif
 
 }  // namespace infer

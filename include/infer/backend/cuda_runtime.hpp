@@ -227,6 +227,88 @@ class EventTimer {
   cudaEvent_t stop_ = nullptr;
 };
 
+/// Page-locked host memory (cudaMallocHost): the staging area of a step's metadata and results, so
+/// cudaMemcpyAsync to and from it is a real asynchronous DMA (pageable memory would be copied twice).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(std::size_t bytes) : size_(bytes) {
+    if (bytes == 0) return;
+    check(cudaMallocHost(&data_, bytes), detail::cat("cudaMallocHost of ", bytes, " bytes").c_str());
+  }
+  ~PinnedBuffer() {
+    if (data_ != nullptr) (void)cudaFreeHost(data_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  PinnedBuffer(PinnedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      if (data_ != nullptr) (void)cudaFreeHost(data_);
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] void* data() const noexcept { return data_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// An instantiated CUDA graph: work captured once from a stream (begin_capture / end_capture), then
+/// replayed with one launch. The captured kernels read their inputs from fixed device addresses, so a
+/// replay only needs those buffers refreshed first.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph() { reset(); }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  Graph(Graph&& o) noexcept : exec_(std::exchange(o.exec_, nullptr)) {}
+  Graph& operator=(Graph&& o) noexcept {
+    if (this != &o) {
+      reset();
+      exec_ = std::exchange(o.exec_, nullptr);
+    }
+    return *this;
+  }
+
+  /// Starts capturing `stream` (thread-local mode: other threads' CUDA calls are not affected).
+  static void begin_capture(void* stream) {
+    check(cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+  }
+  /// Ends the capture started on `stream` and instantiates it. On failure the capture is still ended.
+  static Graph end_capture(void* stream) {
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph), "cudaStreamEndCapture");
+    Graph g;
+    const cudaError_t err = cudaGraphInstantiate(&g.exec_, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    check(err, "cudaGraphInstantiate");
+    return g;
+  }
+  /// Abandons a capture after an exception inside it (so the stream is usable again).
+  static void abort_capture(void* stream) noexcept {
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph) == cudaSuccess && graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+  }
+
+  void launch(void* stream) const { check(cudaGraphLaunch(exec_, static_cast<cudaStream_t>(stream)), "cudaGraphLaunch"); }
+  [[nodiscard]] explicit operator bool() const noexcept { return exec_ != nullptr; }
+
+ private:
+  void reset() noexcept {
+    if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
+    exec_ = nullptr;
+  }
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 /// One cudaMalloc for all weights, handed out by bumping an offset: no per-tensor allocation, no
 /// fragmentation, one free at the end. Every allocation starts on a 256-byte boundary (what cudaMalloc
 /// itself guarantees, and more than any vector load needs). Not thread-safe; allocate at load time.

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -59,7 +60,8 @@ namespace engine_detail {
 /// allocator needs its exact size. Either way the engine refuses to start when one sequence of the
 /// longest allowed length cannot fit, naming both numbers and the option to change.
 template <class A>
-A make_allocator(const EngineOptions& o, std::size_t kv_bytes_per_token, std::int32_t max_model_len) {
+A make_allocator(const EngineOptions& o, std::size_t kv_bytes_per_token, std::int32_t max_model_len,
+                 std::size_t default_bytes) {
   using detail::cat;
   if constexpr (requires { A::shape; }) {
     const std::size_t need = A::required_bytes(kv_bytes_per_token);
@@ -75,7 +77,7 @@ A make_allocator(const EngineOptions& o, std::size_t kv_bytes_per_token, std::in
                                 " tokens; build a Shape that fits or raise max_model_len"));
     return A{};
   } else {
-    const std::size_t bytes = o.kv_cache_bytes ? o.kv_cache_bytes : EngineOptions::default_paged_kv_bytes;
+    const std::size_t bytes = o.kv_cache_bytes ? o.kv_cache_bytes : default_bytes;
     const std::int32_t blocks = A::blocks_for_budget(bytes, kv_bytes_per_token);
     A alloc(std::max<std::int32_t>(blocks, 1), o.enable_prefix_caching);
     if (!alloc.can_ever_fit(max_model_len))
@@ -128,7 +130,7 @@ class Engine {
         source_(std::make_unique<ModelSource>(std::move(source))),
         model_(model_type::load(*source_)),
         max_model_len_(resolve_max_len(model_.config(), options_)),
-        alloc_(engine_detail::make_allocator<A>(options_, model_.kv_bytes_per_token(), max_model_len_)),
+        alloc_(engine_detail::make_allocator<A>(options_, model_.kv_bytes_per_token(), max_model_len_, kv_budget())),
         scheduler_(engine_detail::make_scheduler<S>(options_)),
         cache_(static_cast<std::int32_t>(model_.config().num_layers), alloc_.num_blocks(), alloc_.block_size(),
                static_cast<std::int32_t>(model_.config().num_kv_heads), static_cast<std::int32_t>(model_.config().head_dim)),
@@ -143,6 +145,8 @@ class Engine {
       else if (v != *eos_id_) extra_eos_ids_.push_back(v);
     }
     sampler_ = Sampler(eos_id_);
+    if constexpr (requires { model_.prepare(cache_, max_model_len_, true); })
+      model_.prepare(cache_, max_model_len_, !options_.enforce_eager);  // GPU: tables, workspace, graphs
   }
 
   Engine(const Engine&) = delete;
@@ -156,6 +160,8 @@ class Engine {
   [[nodiscard]] KvStats kv_stats() const { return alloc_.stats(); }
   [[nodiscard]] const EngineStats& stats() const noexcept { return stats_; }
   [[nodiscard]] const A& allocator() const noexcept { return alloc_; }
+  [[nodiscard]] const model_type& model() const noexcept { return model_; }
+  [[nodiscard]] const KvCache<B>& kv_cache() const noexcept { return cache_; }
   [[nodiscard]] bool has_unfinished() const noexcept { return !requests_.empty() || !pending_.empty(); }
   [[nodiscard]] std::size_t num_unfinished() const noexcept { return requests_.size(); }
   [[nodiscard]] std::size_t num_waiting() const { return scheduler_.num_waiting(); }
@@ -249,8 +255,20 @@ class Engine {
       chunks_.push_back(ForwardChunk{tokens, c.start, alloc_.block_table(*c.seq), c.samples});
       stats_.computed_tokens += c.count;
     }
+    // Greedy-only steps on a model that can take the argmax itself bring back ids, not logits.
+    bool greedy_only = false;
+    if constexpr (requires { model_.forward_greedy(chunks_, cache_, greedy_ids_); }) {
+      greedy_only = true;
+      for (const ScheduledChunk& c : plan.chunks)
+        if (c.samples && !plain_greedy(*owner(c.seq), *c.seq)) greedy_only = false;
+    }
     try {
-      model_.forward(chunks_, cache_, logits_);
+      if constexpr (requires { model_.forward_greedy(chunks_, cache_, greedy_ids_); }) {
+        if (greedy_only) model_.forward_greedy(chunks_, cache_, greedy_ids_);
+        else model_.forward(chunks_, cache_, logits_);
+      } else {
+        model_.forward(chunks_, cache_, logits_);
+      }
     } catch (const std::exception& e) {
       fail_plan(plan, e.what(), out);
       return out;
@@ -263,9 +281,14 @@ class Engine {
     forks_.clear();
     for (const ScheduledChunk& c : plan.chunks) {
       if (!c.samples) continue;
-      auto logits = std::span<float>(logits_).subspan(row++ * vocab, vocab);
       RequestState* req = owner(c.seq);
       Sample& s = sample_of(*req, c.seq);
+      if (greedy_only) {
+        s.pending = SampleResult{greedy_ids_[row++], std::numeric_limits<float>::quiet_NaN(), {}};
+        touched_.push_back(c.seq);
+        continue;
+      }
+      auto logits = std::span<float>(logits_).subspan(row++ * vocab, vocab);
       const bool forks_now = req->samples.size() == 1 && req->params.n > 1 && c.seq->num_generated() == 0;
       if (forks_now) fork_rows_.assign(logits.begin(), logits.end());  // the siblings sample from the same row
       s.pending = draw(*req, s, logits);
@@ -336,6 +359,24 @@ class Engine {
     std::int64_t reported_step = -1;
     std::int32_t unfinished = 0;
   };
+
+  /// The KV budget when options give none. A GPU model first reserves the activations of the largest
+  /// step, then says what gpu_memory_utilization leaves; the CPU takes a fixed default.
+  std::size_t kv_budget() {
+    if constexpr (requires { model_.reserve(options_, max_model_len_); }) model_.reserve(options_, max_model_len_);
+    if constexpr (requires { model_.default_kv_cache_bytes(options_); }) return model_.default_kv_cache_bytes(options_);
+    else return EngineOptions::default_paged_kv_bytes;
+  }
+
+  /// Whether a request's next token is the plain argmax of the raw logits (greedy, no penalties, no
+  /// logprobs, no min_tokens masking, not the row its n > 1 siblings fork from): then a GPU model may
+  /// take the argmax on the device and return ids only.
+  static bool plain_greedy(const RequestState& req, const Sequence& seq) {
+    const SamplingParams& p = req.params;
+    return p.greedy() && !p.logprobs && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+           p.frequency_penalty == 0.0f && seq.num_generated() >= p.min_tokens &&
+           !(p.n > 1 && seq.num_generated() == 0);
+  }
 
   static std::int32_t resolve_max_len(const ModelConfig& c, const EngineOptions& o) {
     const auto ctx = static_cast<std::int32_t>(c.max_position_embeddings);
@@ -493,6 +534,7 @@ class Engine {
   // Per-step buffers, reused.
   std::vector<ForwardChunk> chunks_;
   std::vector<float> logits_, fork_rows_, scratch_;
+  std::vector<std::int32_t> greedy_ids_;
   std::vector<Sequence*> touched_, forks_;
 };
 

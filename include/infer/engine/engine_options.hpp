@@ -14,17 +14,26 @@ namespace infer {
 struct EngineOptions {
   /// Bytes of KV cache to allocate (K and V of every layer). The paged engine cuts it into blocks; the
   /// static engine needs max_batch slots of max_input + max_output tokens and refuses to start when this
-  /// is less. 0 = automatic: `default_paged_kv_bytes` for the paged engine, exactly what the shape needs
-  /// for the static one.
+  /// is less. 0 = automatic: on the CPU `default_paged_kv_bytes` for the paged engine; on the GPU what
+  /// `gpu_memory_utilization` leaves after weights and activations; for the static engine exactly what
+  /// its shape needs.
   std::size_t kv_cache_bytes = 0;
   static constexpr std::size_t default_paged_kv_bytes = std::size_t{512} << 20;
   /// Longest sequence (prompt + output) accepted; 0 = the model's context length.
   std::int32_t max_model_len = 0;
   bool enable_prefix_caching = true;
+  /// GPU only: the fraction of the device's memory this engine may use in all (weights, activations and
+  /// the KV pool), as vLLM's --gpu-memory-utilization. Used when kv_cache_bytes is 0.
+  double gpu_memory_utilization = 0.9;
+  /// GPU only: run every step eagerly instead of replaying captured CUDA graphs for decode steps
+  /// (vLLM's --enforce-eager). Graphs cut the per-step launch overhead; eager starts faster.
+  bool enforce_eager = false;
   SchedulerConfig scheduler;
 
   void validate() const {
     require<InvalidArgument>(max_model_len >= 0, "max_model_len = ", max_model_len, " must be >= 0 (0 = the model's)");
+    require<InvalidArgument>(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0,
+                             "gpu_memory_utilization = ", gpu_memory_utilization, " must be in (0, 1]");
     scheduler.validate();
   }
 };

@@ -8,6 +8,7 @@
 /// Both read weights through the same Quantizer and run the same decoder; only the policies differ.
 
 #include <cstdint>
+#include <type_traits>
 
 #include "infer/attention/contiguous_attention.hpp"
 #include "infer/attention/paged_attention.hpp"
@@ -16,19 +17,26 @@
 #include "infer/memory/paged_allocator.hpp"
 #include "infer/memory/shape.hpp"
 #include "infer/model/llama.hpp"
+#include "infer/quant/bf16.hpp"
 #include "infer/quant/f32.hpp"
+#include "infer/quant/gguf_in_place.hpp"
 #include "infer/sched/continuous_batch.hpp"
 #include "infer/sched/static_batch.hpp"
 
 namespace infer {
 
-template <class B = cpu, std::int32_t BlockSize = 16, class Q = F32>
+/// The Quantizer a backend uses when none is named: F32 on the CPU (the reference); on the GPU, GGUF
+/// blocks kept in place where a kernel reads them and bf16 for everything else.
+template <class B>
+using default_quantizer = std::conditional_t<std::is_same_v<B, cuda>, GgufInPlace, F32>;
+
+template <class B = cpu, std::int32_t BlockSize = 16, class Q = default_quantizer<B>>
 using PagedEngine = Engine<B, llama, PagedBlockAllocator<BlockSize>, ContinuousBatchScheduler<>, PagedAttention<>, Q>;
 
 /// The static engine's shape when none is given: 8 slots of 1024 prompt + 512 generated tokens.
 inline constexpr Shape default_static_shape{.max_batch = 8, .max_input = 1024, .max_output = 512};
 
-template <class B = cpu, Shape S = default_static_shape, class Q = F32>
+template <class B = cpu, Shape S = default_static_shape, class Q = default_quantizer<B>>
 using StaticEngine =
     Engine<B, llama, ContiguousAllocator<S>, StaticBatchScheduler<S.max_batch>, FusedContiguousAttention<>, Q>;
 

@@ -105,3 +105,7 @@ class KvCache<cpu> {
 };
 
 }  // namespace infer
+
+#if defined(INFER_HAVE_CUDA)
+#include "infer/model/kv_cache_cuda.hpp"
+#endif

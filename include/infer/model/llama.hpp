@@ -1,7 +1,9 @@
 #pragma once
 /// \file
 /// `LlamaModel<B, Q, Attn>`: the decoder shared by Llama 1-3, SmolLM/SmolLM2, Mistral and Qwen2
-/// (q/k/v biases), computing in f32. `infer::llama` is its Model tag for `Engine<Backend, Model, ...>`.
+/// (q/k/v biases). `infer::llama` is its Model tag for `Engine<Backend, Model, ...>`. This file holds
+/// the CPU decoder (f32, the reference); the GPU one (bf16, CUDA graphs) is llama_cuda.hpp, included
+/// at the end when the build has CUDA.
 ///
 /// One `forward` computes a whole engine step: the tokens of every chunk (decodes and prefill pieces
 /// of several sequences) are stacked into one [T][hidden] activation so each projection is a single
@@ -29,6 +31,7 @@
 #include "infer/core/error.hpp"
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/model/forward_batch.hpp"
+#include "infer/model/forward_check.hpp"
 #include "infer/model/kv_cache.hpp"
 #include "infer/model/llama_weights.hpp"
 #include "infer/model/model_config.hpp"
@@ -46,7 +49,7 @@ class LlamaModel {
   static_assert(!Backend<B> || AttentionKernel<Attn, B>,
                 "LlamaModel<B, Q, Attn>: Attn is not an AttentionKernel for backend B (see infer::AttentionKernel)");
   static_assert(!(Backend<B> && Quantizer<Q, B> && AttentionKernel<Attn, B>),
-                "LlamaModel<B, Q, Attn>: this backend has no decoder yet (only infer::cpu is implemented)");
+                "LlamaModel<B, Q, Attn>: no decoder for this combination (infer::cuda needs a build with CUDA)");
 };
 
 template <class Q, class Attn>
@@ -70,7 +73,7 @@ class LlamaModel<cpu, Q, Attn> {
   /// holds a token outside the vocabulary, or reaches past its block table or the cache; a cache
   /// built for another shape; UnsupportedError past Mistral's sliding window (not implemented).
   void forward(std::span<const ForwardChunk> chunks, KvCache<cpu>& cache, std::vector<float>& logits) {
-    const std::int64_t T = validate(chunks, cache);
+    const std::int64_t T = validate_step(config_, Attn::layout, chunks, cache);
     const std::int64_t H = config_.hidden_size, qs = config_.q_size(), kvs = config_.kv_size();
     const std::int64_t inter = config_.intermediate_size, V = config_.vocab_size;
     grow(T);
@@ -165,50 +168,6 @@ class LlamaModel<cpu, Q, Attn> {
     shape_.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   }
 
-  /// Checks the step before anything is written; returns the total number of tokens.
-  std::int64_t validate(std::span<const ForwardChunk> chunks, const KvCache<cpu>& cache) const {
-    using detail::cat;
-    require<InvalidArgument>(cache.num_layers() == config_.num_layers && cache.kv_heads() == shape_.num_kv_heads &&
-                                 cache.head_dim() == shape_.head_dim,
-                             "LlamaModel::forward: the KV cache has ", cache.num_layers(), " layers of ",
-                             cache.kv_heads(), " heads x ", cache.head_dim(), "; this model needs ",
-                             config_.num_layers, " layers of ", shape_.num_kv_heads, " x ", shape_.head_dim);
-    const std::int64_t bs = cache.block_size();
-    std::int64_t total = 0;
-    for (std::size_t ci = 0; ci < chunks.size(); ++ci) {
-      const ForwardChunk& c = chunks[ci];
-      const auto n = static_cast<std::int64_t>(c.tokens.size());
-      if (n == 0) throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " has no tokens"));
-      if (c.start < 0) throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " starts at ", c.start));
-      for (std::size_t i = 0; i < c.tokens.size(); ++i)
-        if (c.tokens[i] < 0 || c.tokens[i] >= config_.vocab_size)
-          throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " token ", i, " is id ", c.tokens[i],
-                                    ", outside the vocabulary [0, ", config_.vocab_size, ")"));
-      const std::int64_t end = c.start + n;
-      if (end > std::numeric_limits<std::int32_t>::max())
-        throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " reaches position ", end));
-      if (config_.sliding_window && end > *config_.sliding_window)
-        throw UnsupportedError(cat("LlamaModel::forward: chunk ", ci, " reaches position ", end,
-                                   ", beyond the model's sliding window of ", *config_.sliding_window,
-                                   " tokens; sliding-window attention is not implemented yet"));
-      // Blocks the chunk's positions touch: paged, one table entry per block_size tokens; contiguous,
-      // one slot ({slot}) of block_size tokens.
-      const std::int64_t needed = Attn::layout == KvLayout::paged ? (end + bs - 1) / bs : 1;
-      if (static_cast<std::int64_t>(c.block_table.size()) * bs < end || std::ssize(c.block_table) < needed)
-        throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " reaches position ", end, " but its block table ",
-                                  "holds ", c.block_table.size(), " blocks of ", bs, " tokens"));
-      for (std::int64_t b = 0; b < needed; ++b)
-        if (c.block_table[static_cast<std::size_t>(b)] < 0 || c.block_table[static_cast<std::size_t>(b)] >= cache.num_blocks())
-          throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " block table entry ", b, " = ",
-                                    c.block_table[static_cast<std::size_t>(b)], " is outside the cache's ",
-                                    cache.num_blocks(), " blocks"));
-      total += n;
-    }
-    require<InvalidArgument>(total <= std::numeric_limits<std::int32_t>::max(), "LlamaModel::forward: ", total,
-                             " tokens in one step");
-    return total;
-  }
-
   /// Grows the scratch buffers to hold `T` token rows (never shrinks them).
   void grow(std::int64_t T) {
     if (T <= capacity_) return;
@@ -238,6 +197,14 @@ class LlamaModel<cpu, Q, Attn> {
   std::vector<float> x_, xn_, tmp_, last_, q_, att_, k_, v_, gate_, up_, cos_sin_;
   std::vector<std::int32_t> pos_, sample_rows_;
 };
+
+}  // namespace infer
+
+#if defined(INFER_HAVE_CUDA)
+#include "infer/model/llama_cuda.hpp"
+#endif
+
+namespace infer {
 
 /// The Model tag of `Engine<Backend, Model, ...>`: the Llama-family decoder.
 struct llama {

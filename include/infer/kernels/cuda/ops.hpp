@@ -53,6 +53,15 @@ void swiglu(const std::uint16_t* gate_up, std::int64_t T, std::int64_t I, std::u
 /// residual[i] += f32(delta_bf16[i]) for n values (the residual add after attention or the MLP).
 void add(float* residual, const std::uint16_t* delta_bf16, std::int64_t n, void* stream);
 
+/// x[t][c] = bf16(f32(x[t][c]) + bias[c]) for T rows of `cols` (Qwen2's q/k/v biases on the fused
+/// projection's output; `bias` is f32 [cols]). kernels/cuda/rows.cu.
+void add_bias(std::uint16_t* x_bf16, const float* bias, std::int64_t T, std::int64_t cols, void* stream);
+
+/// dst[i][:] = src[rows[i]][:] for i < n, rows of `dim` f32 values (the sampled rows of a prefill step,
+/// before the final norm and the LM head). kernels/cuda/rows.cu.
+void gather_rows(const float* src, const std::int32_t* rows, std::int64_t n, std::int64_t dim, float* dst,
+                 void* stream);
+
 }  // namespace infer::kernels::cuda
 
 #endif  // INFER_HAVE_CUDA

@@ -1,0 +1,46 @@
+#pragma once
+/// \file
+/// `DeviceAttentionBatch`: one layer of one engine step as a GPU attention policy receives it — plain
+/// device pointers and sizes (FlashInfer's way of describing a paged KV layout), so the policy needs no
+/// host metadata type and the header needs no CUDA header.
+///
+/// The step's query rows are stacked in plan order, decodes first (StepPlan's batch order): rows
+/// [0, num_decode) are one token per sequence at position decode_lens[s] - 1; the remaining rows are
+/// prefill chunks, chunk c holding rows prefill_indptr[c] .. prefill_indptr[c+1]-1 (relative to the first
+/// prefill row) at positions prefill_start[c] + i. Every row's K/V is already in the cache. Block tables
+/// are [chunks][table_width] int32, one table per chunk, decode tables first.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace infer {
+
+struct DeviceAttentionBatch {
+  // ---- the layer's cache: [num_blocks][block_size][num_kv_heads][head_dim] bf16, K and V
+  const std::uint16_t* k = nullptr;
+  const std::uint16_t* v = nullptr;
+  std::int32_t block_size = 0;
+  std::int32_t num_heads = 0;
+  std::int32_t num_kv_heads = 0;
+  std::int32_t head_dim = 0;
+  float scale = 1.0f;
+
+  // ---- the step
+  const std::uint16_t* q = nullptr;  ///< [rows][num_heads][head_dim] bf16, densely packed
+  std::uint16_t* out = nullptr;      ///< same shape as q
+  std::int32_t table_width = 0;      ///< entries per block table (capacity = table_width * block_size tokens)
+  std::int32_t num_decode = 0;
+  const std::int32_t* decode_tables = nullptr;  ///< [num_decode][table_width]
+  const std::int32_t* decode_lens = nullptr;    ///< [num_decode] tokens in the cache, this step's included
+  std::int32_t num_prefill = 0;
+  std::int32_t prefill_rows = 0;                  ///< query rows of all prefill chunks
+  const std::int32_t* prefill_tables = nullptr;   ///< [num_prefill][table_width]
+  const std::int32_t* prefill_indptr = nullptr;   ///< [num_prefill + 1]
+  const std::int32_t* prefill_start = nullptr;    ///< [num_prefill]
+
+  float* workspace = nullptr;  ///< device, at least the policy's workspace_bytes(batch)
+  std::size_t workspace_bytes = 0;
+  void* stream = nullptr;  ///< cudaStream_t
+};
+
+}  // namespace infer

@@ -1,0 +1,103 @@
+#pragma once
+/// \file
+/// `detail::CudaLinear`: a linear layer's weight in the CUDA weight arena, row-major [out][in], either
+/// as bf16 or as GGUF blocks used in place — and the one matmul both of the CUDA Quantizers (Bf16,
+/// GgufInPlace) run: cuBLASLt for bf16, the fused dequantize-GEMV for GGUF blocks at M ≤ 8 and
+/// dequantize-to-scratch + GEMM above. Also `load_stacked`, which puts several [out_i][in] tensors one
+/// after another into one weight (q, k, v → qkv; gate, up → gate_up), so a step runs one GEMM for them.
+
+#if defined(INFER_HAVE_CUDA)
+
+#include <cstdint>
+#include <span>
+
+#include "infer/backend/weight_store.hpp"
+#include "infer/core/backend.hpp"
+#include "infer/core/dtype.hpp"
+#include "infer/core/error.hpp"
+#include "infer/kernels/cuda/gemm.hpp"
+#include "infer/quant/weight_tensor.hpp"
+
+namespace infer::detail {
+
+struct CudaLinear {
+  DType type = DType::bf16;   ///< bf16, or a GGUF block type gguf_gemv takes
+  const void* data = nullptr;  ///< device, in the model's weight arena
+  std::int64_t out_features = 0;
+  std::int64_t in_features = 0;
+
+  [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
+  [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
+  /// bf16 scratch values a matmul with more than kGemvMaxRows rows needs (0 for bf16 weights).
+  [[nodiscard]] std::size_t scratch_elems() const noexcept {
+    return type == DType::bf16 ? 0 : static_cast<std::size_t>(out_features * in_features);
+  }
+};
+
+/// Checks that `parts` are 2-D with one common `in`; returns the total of their rows.
+inline std::int64_t stacked_rows(std::span<const WeightTensor> parts, const char* who) {
+  require<InvalidArgument>(!parts.empty(), who, ": no tensors to load");
+  std::int64_t rows = 0;
+  for (const auto& t : parts) {
+    require<InvalidArgument>(t.shape.size() == 2, who, ": tensor '", t.name, "' has ", t.shape.size(),
+                             " dimensions; a linear layer's weight has 2 ([out, in])");
+    require<InvalidArgument>(t.shape[1] == parts[0].shape[1], who, ": tensor '", t.name, "' has ", t.shape[1],
+                             " inputs, '", parts[0].name, "' ", parts[0].shape[1], "; stacked weights share their input");
+    rows += static_cast<std::int64_t>(t.shape[0]);
+  }
+  return rows;
+}
+
+/// `parts` stacked as bf16 (each converted on the device: dequantized, copied or filled).
+inline CudaLinear load_stacked_bf16(std::span<const WeightTensor> parts, CudaWeightStore& store) {
+  CudaLinear l;
+  l.out_features = stacked_rows(parts, "load (bf16)");
+  l.in_features = static_cast<std::int64_t>(parts[0].shape[1]);
+  auto* dst = static_cast<std::uint16_t*>(store.allocate(static_cast<std::size_t>(l.out_features * l.in_features) * 2));
+  l.data = dst;
+  for (const auto& t : parts) {
+    if (dst) store.store_bf16(dst, t);
+    if (dst) dst += t.elements();
+  }
+  return l;
+}
+
+/// `parts` stacked in their GGUF blocks, when all share one type gguf_gemv takes (and none is a dummy):
+/// rows of blocks are independent, so stacking is concatenating bytes. Otherwise bf16.
+inline CudaLinear load_stacked_in_place(std::span<const WeightTensor> parts, CudaWeightStore& store) {
+  bool in_place = kernels::cuda::gemv_supports(parts[0].type);
+  for (const auto& t : parts) in_place = in_place && t.type == parts[0].type && !t.dummy;
+  if (!in_place) return load_stacked_bf16(parts, store);
+  CudaLinear l;
+  l.type = parts[0].type;
+  l.out_features = stacked_rows(parts, "load (GGUF in place)");
+  l.in_features = static_cast<std::int64_t>(parts[0].shape[1]);
+  std::size_t bytes = 0;
+  for (const auto& t : parts) bytes += t.data.size();
+  auto* dst = static_cast<std::byte*>(store.allocate(bytes));
+  l.data = dst;
+  for (const auto& t : parts) {
+    if (dst) store.copy_bytes(dst, t);
+    if (dst) dst += t.data.size();
+  }
+  return l;
+}
+
+/// y[rows][w.out] = x[rows][w.in] · wᵀ, bf16 in and out, on ctx.stream.
+inline void cuda_matmul(CudaMatmulContext& ctx, const CudaLinear& w, const std::uint16_t* x, std::int32_t rows,
+                        std::uint16_t* y) {
+  if (w.type == DType::bf16) {
+    ctx.gemm->run(x, static_cast<const std::uint16_t*>(w.data), y, rows, w.out_features, w.in_features, ctx.stream);
+    return;
+  }
+  require<InvalidArgument>(rows <= kernels::cuda::kGemvMaxRows || ctx.scratch_elems >= w.scratch_elems(),
+                           "cuda matmul: ", rows, " rows of a ", name(w.type), " weight [", w.out_features, ", ",
+                           w.in_features, "] need ", w.scratch_elems(), " bf16 values of scratch; the context has ",
+                           ctx.scratch_elems);
+  kernels::cuda::gguf_linear(*ctx.gemm, w.type, w.data, x, rows, w.out_features, w.in_features, ctx.scratch, y,
+                             ctx.stream);
+}
+
+}  // namespace infer::detail
+
+#endif  // INFER_HAVE_CUDA
