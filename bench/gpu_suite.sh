@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU machine's run, in phases that fit the device tool's 10-minute calls:
+#   bench/gpu_suite.sh build     configure + build the [cuda] tests and the benchmarks (Release, sm_90)
+#                                into $BUILD (default build-gpu)
+#   bench/gpu_suite.sh test      every [cuda] test
+#   bench/gpu_suite.sh bench     attention kernel benchmarks, then infer-bench-latency / -throughput on the
+#                                Llama-3-8B and Qwen2.5-7B dummy shapes and on SmolLM2 Q4_1 (with and
+#                                without CUDA graphs); one JSON per run under $OUT (default bench/results/gpu)
+# The default model must be at models/SmolLM2-135M-Instruct.Q4_1.gguf (on the device machine: staged with
+# ../shared/device/stage.sh and linked there). INFER_COMMIT names the commit in every JSON record.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+build=${BUILD:-build-gpu}
+out=${OUT:-bench/results/gpu}
+mkdir -p "$out"
+bin=$build/bin
+fail=0
+run() {  # run CMD...: echo it, run it, remember a failure, go on
+  echo "+ $*"
+  "$@" || { echo "FAILED ($?): $*"; fail=1; }
+}
+
+case "${1:-}" in
+  build)
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DINFER_CUDA=ON >/dev/null &&
+      cmake --build "$build" -j"$(nproc)" --target test_cuda infer-bench-latency infer-bench-throughput || exit 1
+    ;;
+  test)
+    run "$build"/tests/test_cuda --durations yes "[cuda]"
+    ;;
+  bench)
+    run "$build"/tests/test_cuda "[.bench]"
+    m8="--dummy llama3-8b --quantizer bf16"
+    run "$bin"/infer-bench-latency $m8 --batch-size 1 --input-len 512 --output-len 128 --num-iters 5 \
+      --output-json "$out/latency-llama3-8b-b1-512-128.json"
+    run "$bin"/infer-bench-latency $m8 --batch-size 1 --input-len 512 --output-len 128 --num-iters 3 --enforce-eager \
+      --output-json "$out/latency-llama3-8b-b1-512-128-eager.json"
+    run "$bin"/infer-bench-latency $m8 --batch-size 1 --input-len 2048 --output-len 4 --num-iters 5 \
+      --output-json "$out/latency-llama3-8b-b1-2048-ttft.json"
+    run "$bin"/infer-bench-latency $m8 --batch-size 32 --input-len 512 --output-len 128 --num-iters 3 \
+      --output-json "$out/latency-llama3-8b-b32-512-128.json"
+    run "$bin"/infer-bench-throughput $m8 --num-prompts 1024 --input-len 128 --output-len 128 \
+      --output-json "$out/throughput-llama3-8b-1024x128-128.json"
+    run "$bin"/infer-bench-throughput $m8 --num-prompts 1000 --input-len 512 --output-len 128 \
+      --output-json "$out/throughput-llama3-8b-1000x512-128.json"
+    run "$bin"/infer-bench-latency --dummy qwen2.5-7b --quantizer bf16 --batch-size 1 --input-len 512 --output-len 128 \
+      --output-json "$out/latency-qwen2.5-7b-b1-512-128.json"
+    sm="--model models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    run "$bin"/infer-bench-latency $sm --batch-size 1 --input-len 128 --output-len 256 --num-iters 5 \
+      --output-json "$out/latency-smollm2-q4_1-b1.json"
+    run "$bin"/infer-bench-latency $sm --batch-size 1 --input-len 128 --output-len 256 --num-iters 5 --enforce-eager \
+      --output-json "$out/latency-smollm2-q4_1-b1-eager.json"
+    ;;
+  *)
+    echo "usage: bench/gpu_suite.sh build|test|bench" >&2
+    exit 2
+    ;;
+esac
+exit $fail

@@ -1,0 +1,510 @@
+// infer-bench-serve: an online-serving benchmark for any OpenAI-compatible server (infer-serve, vLLM,
+// ...), modelled on vLLM's `benchmarks/benchmark_serving.py`: requests arrive as a Poisson process at
+// --request-rate (or all at once), optionally capped at --max-concurrency in flight, each one streamed,
+// and the run reports per-request latencies — TTFT (time to first token), TPOT (time per output token
+// after the first), ITL (the gaps between streamed chunks), E2E — as mean / p50 / p90 / p99, request
+// and token throughput, and goodput: the rate of requests that met every --goodput SLO.
+//
+//   infer-bench-serve --url http://127.0.0.1:8000 --num-prompts 200 --request-rate 4
+//                     --random-input-len 128 --random-output-len 64 [--endpoint chat] [--goodput ttft:500 tpot:50]
+//   infer-bench-serve --dataset jsonl --dataset-path prompts.jsonl ...   lines {"prompt": ...} or {"messages": [...]}
+//
+// Output lengths are made exact (max_tokens with ignore_eos), as vLLM's benchmark does, so token
+// throughput compares across servers. The table goes to stdout, the JSON record to --result-dir
+// (bench/results by default) as serve-<date>-<time>.json, or to --result-file.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Prompt {
+  std::string text;     // completions: the prompt; chat: the user turn (when `messages` is empty)
+  json messages;        // chat prompts from a JSONL file may carry a whole conversation
+  int output_len = 0;   // max_tokens
+};
+
+/// What one request measured. Times in seconds from its own start.
+struct Outcome {
+  bool ok = false;
+  std::string error;
+  int status = 0;
+  double ttft = 0, e2e = 0;
+  std::vector<double> itl;  // gaps between chunks that carried text, after the first
+  std::int64_t prompt_tokens = 0, output_tokens = 0;
+  std::string engine;       // the X-Infer-Engine header, when the server sends one
+};
+
+// ---- prompts -------------------------------------------------------------------------------------------
+
+/// Common short English words: about one token each for a BPE vocabulary, so a random prompt of N words
+/// is close to N tokens (the server's usage reports the exact count, which is what the results use).
+const std::vector<std::string>& words() {
+  static const std::vector<std::string> w{
+      "time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school", "state",
+      "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week", "company",
+      "system", "program", "question", "work", "number", "night", "point", "home", "water", "room", "mother",
+      "area", "money", "story", "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business",
+      "issue", "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game", "line",
+      "end", "member", "law", "car", "city", "name", "team", "minute", "idea", "kid", "body", "back", "parent",
+      "face", "others", "level", "office", "door", "health", "person", "art", "war", "history", "party", "result",
+      "change", "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher", "force", "education"};
+  return w;
+}
+
+std::vector<Prompt> random_prompts(int n, int input_len, int output_len, double range_ratio, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto length = [&](int mean) {
+    const int lo = std::max(1, static_cast<int>(std::floor(mean * (1.0 - range_ratio))));
+    const int hi = std::max(lo, static_cast<int>(std::ceil(mean * (1.0 + range_ratio))));
+    return std::uniform_int_distribution<int>(lo, hi)(rng);
+  };
+  std::uniform_int_distribution<std::size_t> pick(0, words().size() - 1);
+  std::vector<Prompt> out;
+  for (int i = 0; i < n; ++i) {
+    Prompt p;
+    const int len = length(input_len);
+    for (int k = 0; k < len; ++k) p.text += (k ? " " : "") + words()[pick(rng)];
+    p.output_len = length(output_len);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+/// JSONL: {"prompt": "..."} or {"messages": [...]}, optionally with "max_tokens"; plain lines are prompts.
+/// The file is cycled when it has fewer lines than --num-prompts.
+std::vector<Prompt> jsonl_prompts(const std::string& path, int n, int output_len) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(fmt::format("cannot read --dataset-path '{}'", path));
+  std::vector<Prompt> file;
+  std::string line;
+  for (int ln = 1; std::getline(in, line); ++ln) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    Prompt p;
+    p.output_len = output_len;
+    if (line.front() != '{') {
+      p.text = line;
+    } else {
+      json j;
+      try {
+        j = json::parse(line);
+      } catch (const json::exception& e) {
+        throw std::runtime_error(fmt::format("{} line {}: not valid JSON ({})", path, ln, e.what()));
+      }
+      if (j.contains("messages") && j["messages"].is_array()) p.messages = j["messages"];
+      else if (j.contains("prompt") && j["prompt"].is_string()) p.text = j["prompt"].get<std::string>();
+      else throw std::runtime_error(fmt::format("{} line {}: expected {{\"prompt\": string}} or {{\"messages\": [...]}}", path, ln));
+      if (j.contains("max_tokens") && j["max_tokens"].is_number_integer()) p.output_len = j["max_tokens"].get<int>();
+    }
+    file.push_back(std::move(p));
+  }
+  if (file.empty()) throw std::runtime_error(fmt::format("--dataset-path '{}' has no prompts", path));
+  std::vector<Prompt> out;
+  for (int i = 0; i < n; ++i) out.push_back(file[static_cast<std::size_t>(i) % file.size()]);
+  return out;
+}
+
+// ---- one streamed request ------------------------------------------------------------------------------
+
+struct Target {
+  std::string host;
+  int port = 8000;
+  std::string api_key, model;
+  bool chat = false;
+  double timeout_s = 600;
+};
+
+Target parse_url(const std::string& url) {
+  Target t;
+  std::string rest = url;
+  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
+  else if (rest.find("://") != std::string::npos) throw std::runtime_error("--url: only http:// is supported");
+  if (auto slash = rest.find('/'); slash != std::string::npos) rest = rest.substr(0, slash);
+  const auto colon = rest.rfind(':');
+  t.host = rest.substr(0, colon);
+  if (colon != std::string::npos) {
+    try {
+      t.port = std::stoi(rest.substr(colon + 1));
+    } catch (const std::exception&) {
+      throw std::runtime_error(fmt::format("--url '{}': the port is not a number", url));
+    }
+  }
+  if (t.host.empty()) throw std::runtime_error(fmt::format("--url '{}' has no host", url));
+  return t;
+}
+
+httplib::Headers headers(const Target& t) {
+  httplib::Headers h;
+  if (!t.api_key.empty()) h.emplace("Authorization", "Bearer " + t.api_key);
+  return h;
+}
+
+/// Sends one streaming request and times its chunks as they arrive.
+Outcome run_one(const Target& t, const Prompt& p) {
+  Outcome o;
+  json body{{"model", t.model}, {"max_tokens", p.output_len}, {"ignore_eos", true}, {"temperature", 0},
+            {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  if (t.chat) body["messages"] = p.messages.is_array() ? p.messages : json::array({{{"role", "user"}, {"content", p.text}}});
+  else body["prompt"] = p.text;
+
+  httplib::Client cli(t.host, t.port);
+  const auto secs = static_cast<time_t>(t.timeout_s);
+  cli.set_connection_timeout(10, 0);
+  cli.set_read_timeout(secs, 0);
+  cli.set_write_timeout(secs, 0);
+
+  httplib::Request req;
+  req.method = "POST";
+  req.path = t.chat ? "/v1/chat/completions" : "/v1/completions";
+  req.headers = headers(t);
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  std::string buffer, error_body;
+  const auto start = Clock::now();
+  std::optional<Clock::time_point> last;
+  bool done = false;
+  auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  req.response_handler = [&](const httplib::Response& res) {
+    o.status = res.status;
+    if (res.has_header("X-Infer-Engine")) o.engine = res.get_header_value("X-Infer-Engine");
+    return true;
+  };
+  req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
+    if (o.status != 200) {
+      error_body.append(data, n);
+      return error_body.size() < 65536;
+    }
+    buffer.append(data, n);
+    // SSE events end with a blank line; a chunk may carry several events or part of one.
+    for (std::size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
+      const std::string event = buffer.substr(0, end);
+      buffer.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0) continue;  // comments (keep-alives) and other fields
+      const std::string payload = event.substr(6);
+      if (payload == "[DONE]") {
+        done = true;
+        continue;
+      }
+      json j;
+      try {
+        j = json::parse(payload);
+      } catch (const json::exception&) {
+        o.error = "a streamed event is not valid JSON";
+        return false;
+      }
+      if (j.contains("error")) {
+        o.error = j["error"].value("message", std::string("error event"));
+        return false;
+      }
+      if (j.contains("usage") && j["usage"].is_object()) {
+        o.prompt_tokens = j["usage"].value("prompt_tokens", std::int64_t{0});
+        o.output_tokens = j["usage"].value("completion_tokens", std::int64_t{0});
+      }
+      bool text = false;
+      for (const auto& c : j.value("choices", json::array())) {
+        const json& piece = t.chat ? c.value("delta", json::object()).value("content", json()) : c.value("text", json());
+        text = text || (piece.is_string() && !piece.get<std::string>().empty());
+      }
+      if (!text) continue;
+      const auto now = Clock::now();
+      if (!last) o.ttft = seconds(now - start);
+      else o.itl.push_back(seconds(now - *last));
+      last = now;
+    }
+    return true;
+  };
+  auto res = cli.send(req);
+  o.e2e = seconds(Clock::now() - start);
+  if (!res) {
+    if (o.error.empty()) o.error = "connection: " + httplib::to_string(res.error());
+    return o;
+  }
+  if (o.status != 200) {
+    std::string msg = error_body;
+    try {
+      msg = json::parse(error_body)["error"].value("message", error_body);
+    } catch (const json::exception&) {
+    }
+    o.error = fmt::format("HTTP {}: {}", o.status, msg.substr(0, 300));
+    return o;
+  }
+  if (!done && o.error.empty()) o.error = "the stream ended without [DONE]";
+  if (o.output_tokens == 0 && o.error.empty()) o.error = "no usage chunk (the server ignored stream_options.include_usage)";
+  if (!last && o.error.empty()) o.error = "no text was streamed";
+  o.ok = o.error.empty();
+  return o;
+}
+
+// ---- the run -------------------------------------------------------------------------------------------
+
+/// Starts request i at its arrival time (Poisson at `rate`, or all at once when rate is infinite),
+/// never more than `max_concurrency` in flight (0: no cap).
+std::vector<Outcome> run_all(const Target& t, const std::vector<Prompt>& prompts, double rate, int max_concurrency,
+                             std::uint64_t seed, double& duration_s) {
+  std::vector<Outcome> out(prompts.size());
+  std::mutex mu;
+  std::condition_variable cv;
+  int in_flight = 0;
+  std::vector<std::thread> threads;
+  threads.reserve(prompts.size());
+  std::mt19937_64 rng(seed ^ 0x9E3779B97F4A7C15ull);
+  std::exponential_distribution<double> gap(std::isfinite(rate) && rate > 0 ? rate : 1.0);
+  const auto start = Clock::now();
+  auto next = start;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    if (std::isfinite(rate)) {
+      std::this_thread::sleep_until(next);
+      next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
+    }
+    if (max_concurrency > 0) {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return in_flight < max_concurrency; });
+    }
+    {
+      std::lock_guard lock(mu);
+      ++in_flight;
+    }
+    threads.emplace_back([&, i] {
+      out[i] = run_one(t, prompts[i]);
+      {
+        std::lock_guard lock(mu);
+        --in_flight;
+      }
+      cv.notify_all();
+    });
+  }
+  for (auto& th : threads) th.join();
+  duration_s = std::chrono::duration<double>(Clock::now() - start).count();
+  return out;
+}
+
+/// Linear-interpolated percentile (numpy's default), of a sorted vector.
+double percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const double pos = q / 100.0 * static_cast<double>(sorted.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(pos));
+  const auto hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
+}
+
+/// mean, std, p50, p90, p99 in milliseconds.
+json summary_ms(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const double n = static_cast<double>(v.size());
+  const double mean = v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / n;
+  double var = 0;
+  for (double x : v) var += (x - mean) * (x - mean);
+  const double sd = v.size() > 1 ? std::sqrt(var / (n - 1)) : 0;
+  return {{"mean", mean * 1e3}, {"std", sd * 1e3}, {"p50", percentile(v, 50) * 1e3}, {"p90", percentile(v, 90) * 1e3},
+          {"p99", percentile(v, 99) * 1e3}, {"count", v.size()}};
+}
+
+/// --goodput "ttft:500 tpot:50 e2e:2000" (milliseconds) → SLOs.
+std::vector<std::pair<std::string, double>> parse_slos(const std::vector<std::string>& specs) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& s : specs) {
+    const auto colon = s.find(':');
+    const std::string key = s.substr(0, colon);
+    if (colon == std::string::npos || (key != "ttft" && key != "tpot" && key != "e2e"))
+      throw std::runtime_error(fmt::format("--goodput '{}': use ttft:MS, tpot:MS or e2e:MS", s));
+    double ms = 0;
+    try {
+      ms = std::stod(s.substr(colon + 1));
+    } catch (const std::exception&) {
+      ms = -1;
+    }
+    if (!(ms > 0)) throw std::runtime_error(fmt::format("--goodput '{}': the limit must be a positive number of ms", s));
+    out.emplace_back(key, ms);
+  }
+  return out;
+}
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d-%H%M%S", &tm);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Online-serving benchmark for an OpenAI-compatible server", "infer-bench-serve"};
+  std::string url = "http://127.0.0.1:8000", endpoint = "completions", dataset = "random", dataset_path;
+  std::string result_dir = "bench/results", result_file, label;
+  Target t;
+  int num_prompts = 100, input_len = 128, output_len = 64, max_concurrency = 0;
+  double rate = std::numeric_limits<double>::infinity(), range_ratio = 0.0;
+  std::uint64_t seed = 0;
+  std::vector<std::string> goodput;
+  bool no_save = false;
+  app.add_option("--url", url, "the server's base URL")->capture_default_str();
+  app.add_option("--endpoint", endpoint, "completions or chat")->check(CLI::IsMember({"completions", "chat"}))->capture_default_str();
+  app.add_option("--model", t.model, "the model name to send (default: the server's first in /v1/models)");
+  app.add_option("--api-key", t.api_key, "sent as 'Authorization: Bearer KEY' (also $OPENAI_API_KEY)")->envname("OPENAI_API_KEY");
+  app.add_option("--num-prompts,-n", num_prompts, "requests to send")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--request-rate", rate, "requests per second, Poisson arrivals (inf: all at once)")->capture_default_str();
+  app.add_option("--max-concurrency", max_concurrency, "requests in flight at most (0: no cap)")->check(CLI::NonNegativeNumber);
+  app.add_option("--dataset", dataset, "random or jsonl")->check(CLI::IsMember({"random", "jsonl"}))->capture_default_str();
+  app.add_option("--dataset-path", dataset_path, "the JSONL file for --dataset jsonl");
+  app.add_option("--random-input-len", input_len, "random prompts: words per prompt")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--random-output-len", output_len, "tokens to generate per request (max_tokens, ignore_eos)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--random-range-ratio", range_ratio, "lengths uniform in [len*(1-r), len*(1+r)]")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", seed, "prompts and arrival times")->capture_default_str();
+  app.add_option("--goodput", goodput, "SLOs a request must meet to count as good, in ms: ttft:500 tpot:50 e2e:3000");
+  app.add_option("--timeout", t.timeout_s, "seconds one request may take")->capture_default_str();
+  app.add_option("--result-dir", result_dir, "where the JSON record goes")->capture_default_str();
+  app.add_option("--result-file", result_file, "the JSON record's path (instead of --result-dir/serve-<date>.json)");
+  app.add_option("--label", label, "a name for this run, kept in the record");
+  app.add_flag("--no-save", no_save, "print the table only");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const Target parsed = parse_url(url);
+    t.host = parsed.host;
+    t.port = parsed.port;
+    t.chat = endpoint == "chat";
+    if (!(rate > 0)) throw std::runtime_error("--request-rate must be > 0 (inf: all at once)");
+    const auto slos = parse_slos(goodput);
+    if (dataset == "jsonl" && dataset_path.empty()) throw std::runtime_error("--dataset jsonl needs --dataset-path");
+
+    if (t.model.empty()) {
+      httplib::Client cli(t.host, t.port);
+      cli.set_connection_timeout(10, 0);
+      cli.set_read_timeout(30, 0);
+      auto r = cli.Get("/v1/models", headers(t));
+      if (!r) throw std::runtime_error(fmt::format("cannot reach {}: {}", url, httplib::to_string(r.error())));
+      if (r->status != 200) throw std::runtime_error(fmt::format("GET /v1/models: HTTP {}: {}", r->status, r->body));
+      t.model = json::parse(r->body).at("data").at(0).at("id").get<std::string>();
+    }
+    const auto prompts = dataset == "random" ? random_prompts(num_prompts, input_len, output_len, range_ratio, seed)
+                                             : jsonl_prompts(dataset_path, num_prompts, output_len);
+
+    fmt::print("infer-bench-serve: {} requests to {} ({} endpoint, model '{}'), rate {}, max concurrency {}\n",
+               prompts.size(), url, endpoint, t.model, std::isfinite(rate) ? fmt::format("{:g}/s", rate) : "inf",
+               max_concurrency > 0 ? std::to_string(max_concurrency) : "none");
+    double duration = 0;
+    const auto outcomes = run_all(t, prompts, rate, max_concurrency, seed, duration);
+
+    std::vector<double> ttft, tpot, itl, e2e;
+    std::int64_t in_tokens = 0, out_tokens = 0;
+    int completed = 0, good = 0;
+    json errors = json::object(), engines = json::object();
+    for (const auto& o : outcomes) {
+      if (!o.ok) {
+        const std::string key = o.error.substr(0, 200);
+        errors[key] = errors.value(key, 0) + 1;
+        continue;
+      }
+      ++completed;
+      in_tokens += o.prompt_tokens;
+      out_tokens += o.output_tokens;
+      ttft.push_back(o.ttft);
+      e2e.push_back(o.e2e);
+      const double per_token = o.output_tokens > 1 ? (o.e2e - o.ttft) / static_cast<double>(o.output_tokens - 1) : 0;
+      if (o.output_tokens > 1) tpot.push_back(per_token);
+      itl.insert(itl.end(), o.itl.begin(), o.itl.end());
+      if (!o.engine.empty()) engines[o.engine] = engines.value(o.engine, 0) + 1;
+      bool meets = true;
+      for (const auto& [key, ms] : slos) {
+        const double v = key == "ttft" ? o.ttft : key == "tpot" ? per_token : o.e2e;
+        meets = meets && v * 1e3 <= ms;
+      }
+      good += meets ? 1 : 0;
+    }
+
+    json slo_json = json::object();
+    for (const auto& [k, v] : slos) slo_json[k] = v;
+    json record{
+        {"date", today()},
+        {"label", label},
+        {"url", url},
+        {"endpoint", endpoint},
+        {"model", t.model},
+        {"dataset", dataset == "random" ? json{{"kind", "random"}, {"input_len", input_len}, {"output_len", output_len},
+                                               {"range_ratio", range_ratio}, {"seed", seed}}
+                                        : json{{"kind", "jsonl"}, {"path", dataset_path}, {"output_len", output_len}}},
+        {"request_rate", std::isfinite(rate) ? json(rate) : json("inf")},
+        {"max_concurrency", max_concurrency > 0 ? json(max_concurrency) : json(nullptr)},
+        {"num_prompts", prompts.size()},
+        {"completed", completed},
+        {"failed", static_cast<int>(prompts.size()) - completed},
+        {"errors", errors},
+        {"duration_s", duration},
+        {"total_input_tokens", in_tokens},
+        {"total_output_tokens", out_tokens},
+        {"request_throughput", completed / duration},
+        {"output_throughput", static_cast<double>(out_tokens) / duration},
+        {"total_token_throughput", static_cast<double>(in_tokens + out_tokens) / duration},
+        {"goodput", slos.empty() ? json(nullptr) : json(good / duration)},
+        {"slo_ms", slo_json},
+        {"good_requests", slos.empty() ? json(nullptr) : json(good)},
+        {"ttft_ms", summary_ms(ttft)},
+        {"tpot_ms", summary_ms(tpot)},
+        {"itl_ms", summary_ms(itl)},
+        {"e2e_ms", summary_ms(e2e)},
+        {"served_by", engines},
+    };
+
+    fmt::print("{:=^60}\n", " Serving benchmark result ");
+    auto row = [](const std::string& k, const std::string& v) { fmt::print("{:<42}{:>18}\n", k, v); };
+    row("Successful requests:", std::to_string(completed));
+    row("Failed requests:", std::to_string(prompts.size() - static_cast<std::size_t>(completed)));
+    row("Benchmark duration (s):", fmt::format("{:.2f}", duration));
+    row("Total input tokens:", std::to_string(in_tokens));
+    row("Total generated tokens:", std::to_string(out_tokens));
+    row("Request throughput (req/s):", fmt::format("{:.2f}", record["request_throughput"].get<double>()));
+    row("Output token throughput (tok/s):", fmt::format("{:.2f}", record["output_throughput"].get<double>()));
+    row("Total token throughput (tok/s):", fmt::format("{:.2f}", record["total_token_throughput"].get<double>()));
+    if (!slos.empty()) row("Request goodput (req/s):", fmt::format("{:.2f}", good / duration));
+    for (const auto& [name, key] : std::vector<std::pair<std::string, std::string>>{
+             {"Time to First Token", "ttft_ms"}, {"Time per Output Token (excl. 1st token)", "tpot_ms"},
+             {"Inter-token Latency", "itl_ms"}, {"End-to-end Latency", "e2e_ms"}}) {
+      fmt::print("{:-^60}\n", " " + name + " ");
+      const json& s = record[key];
+      const std::string shortname = key.substr(0, key.size() - 3);
+      for (const char* stat : {"mean", "p50", "p90", "p99"})
+        row(fmt::format("{} {} (ms):", stat, shortname), fmt::format("{:.2f}", s[stat].get<double>()));
+    }
+    fmt::print("{:=^60}\n", "");
+    for (const auto& [msg, n] : errors.items()) fmt::print("error ({} requests): {}\n", n.get<int>(), msg);
+
+    if (!no_save) {
+      std::filesystem::path path = result_file.empty() ? std::filesystem::path(result_dir) / ("serve-" + today() + ".json")
+                                                       : std::filesystem::path(result_file);
+      if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+      std::ofstream f(path);
+      if (!f) throw std::runtime_error(fmt::format("cannot write {}", path.string()));
+      f << record.dump(2) << '\n';
+      fmt::print("infer-bench-serve: wrote {}\n", path.string());
+    }
+    return completed == static_cast<int>(prompts.size()) ? 0 : 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "infer-bench-serve: error: {}\n", e.what());
+    return 1;
+  }
+}

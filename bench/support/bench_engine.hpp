@@ -1,0 +1,164 @@
+#pragma once
+/// \file
+/// What infer-bench-latency and infer-bench-throughput share: the model and engine flags (a file or a
+/// `--dummy` shape, backend, KV and scheduler limits), building the model source and the options from
+/// them, random prompts, the run's identity for the JSON record (commit, device, settings), percentiles,
+/// and writing the record.
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "infer/engine/engine_options.hpp"
+#include "infer/model/dummy.hpp"
+#include "infer/model/model_source.hpp"
+
+#if defined(INFER_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace infer::bench {
+
+/// Process start as main() sees it: the origin of the cold-start figures.
+inline const auto kProcessStart = std::chrono::steady_clock::now();
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct ModelFlags {
+  std::string model;       ///< a .gguf file or a Hugging Face folder
+  std::string dummy;       ///< or a dummy shape: a preset name or a config.json
+  std::uint64_t dummy_seed = 0;
+  std::string backend =
+#if defined(INFER_HAVE_CUDA)
+      "cuda";
+#else
+      "cpu";
+#endif
+  std::string quantizer = "auto";  ///< cuda: auto (GGUF blocks in place) or bf16
+  bool enforce_eager = false;
+  double gpu_memory_utilization = 0.9;
+  std::int32_t max_model_len = 0;
+  std::int32_t max_num_seqs = 256;
+  std::int32_t max_num_batched_tokens = 8192;
+  std::string output_json;
+
+  void add_to(CLI::App& app) {
+    auto* m = app.add_option("--model,-m", model, "a .gguf file or a Hugging Face model folder");
+    auto* d = app.add_option("--dummy", dummy,
+                             std::string("a model shape with seeded random weights (no download): ") +
+                                 std::string(kDummyPresets) + ", or a config.json");
+    m->excludes(d);
+    app.add_option("--dummy-seed", dummy_seed, "seed of the dummy weights");
+    app.add_option("--backend", backend, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
+    app.add_option("--quantizer", quantizer, "cuda: auto (GGUF blocks used in place) or bf16 (everything bf16)")
+        ->check(CLI::IsMember({"auto", "bf16"}));
+    app.add_flag("--enforce-eager", enforce_eager, "cuda: run every step eagerly (no CUDA graphs)");
+    app.add_option("--gpu-memory-utilization", gpu_memory_utilization, "cuda: fraction of device memory to use")
+        ->check(CLI::Range(0.01, 1.0));
+    app.add_option("--max-model-len", max_model_len, "longest sequence (0 = the model's)");
+    app.add_option("--max-num-seqs", max_num_seqs, "sequences per step at most");
+    app.add_option("--max-num-batched-tokens", max_num_batched_tokens, "tokens per step at most");
+    app.add_option("--output-json", output_json, "also write the results to this JSON file (e.g. under bench/results/)");
+  }
+
+  /// The model to load. InvalidArgument when neither or both of --model / --dummy are given.
+  [[nodiscard]] ModelSource source() const {
+    if (model.empty() == dummy.empty()) throw InvalidArgument("give one of --model PATH or --dummy NAME");
+    if (!dummy.empty()) return ModelSource::dummy(dummy_config(dummy), dummy_seed, dummy);
+    return ModelSource::open(model);
+  }
+  /// "cpu", "CUDA graphs" or "eager", for the table's title.
+  [[nodiscard]] std::string mode() const { return backend == "cpu" ? "cpu" : enforce_eager ? "eager" : "CUDA graphs"; }
+  [[nodiscard]] std::string model_label() const { return dummy.empty() ? model : "dummy:" + dummy; }
+
+  [[nodiscard]] EngineOptions options(std::int32_t needed_len) const {
+    EngineOptions o;
+    o.max_model_len = max_model_len ? max_model_len : needed_len;
+    o.enable_prefix_caching = false;  // random prompts share nothing; the benchmark measures compute
+    o.gpu_memory_utilization = gpu_memory_utilization;
+    o.enforce_eager = enforce_eager;
+    o.scheduler.max_num_seqs = max_num_seqs;
+    o.scheduler.max_num_batched_tokens = std::max(max_num_batched_tokens, o.max_model_len);
+    return o;
+  }
+
+  [[nodiscard]] nlohmann::json settings() const {
+    return {{"model", model_label()},          {"backend", backend},
+            {"quantizer", quantizer},          {"cuda_graphs", backend == "cuda" && !enforce_eager},
+            {"gpu_memory_utilization", gpu_memory_utilization},
+            {"max_num_seqs", max_num_seqs},    {"max_num_batched_tokens", max_num_batched_tokens},
+            {"prefix_caching", false}};
+  }
+};
+
+/// `n` random token ids in [vocab / 16, vocab): no special tokens, no accidental EOS (EOS is ignored anyway).
+inline std::vector<std::int32_t> random_prompt(std::size_t n, std::int64_t vocab, std::mt19937_64& rng) {
+  std::uniform_int_distribution<std::int32_t> d(static_cast<std::int32_t>(vocab / 16), static_cast<std::int32_t>(vocab - 1));
+  std::vector<std::int32_t> p(n);
+  for (auto& t : p) t = d(rng);
+  return p;
+}
+
+/// The device the run used, the commit (INFER_COMMIT from the environment, else "unknown") and the date.
+inline nlohmann::json run_identity(const std::string& backend) {
+  nlohmann::json j;
+  const char* commit = std::getenv("INFER_COMMIT");
+  j["commit"] = commit ? commit : "unknown";
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  j["date"] = date;
+  j["device"] = "cpu";
+#if defined(INFER_HAVE_CUDA)
+  if (backend == "cuda") {
+    cudaDeviceProp prop{};
+    int dev = 0, driver = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess) {
+      j["device"] = prop.name;
+      j["device_memory_bytes"] = prop.totalGlobalMem;
+    }
+    if (cudaDriverGetVersion(&driver) == cudaSuccess) j["cuda_driver"] = driver;
+  }
+#else
+  (void)backend;
+#endif
+  return j;
+}
+
+/// The q-quantile (0..1) of `v` by nearest rank; 0 for an empty list.
+inline double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<std::size_t>(std::clamp(q, 0.0, 1.0) * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+inline double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+/// Writes `doc` to `path` (creating its folder); no-op for an empty path.
+inline void write_json(const std::string& path, const nlohmann::json& doc) {
+  if (path.empty()) return;
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::ofstream out(p);
+  if (!out) throw IoError("cannot write " + path);
+  out << doc.dump(2) << "\n";
+}
+
+}  // namespace infer::bench
