@@ -308,6 +308,49 @@ double median_ms(int calls, cudaStream_t stream, F&& call) {
 
 }  // namespace
 
+TEST_CASE("cuda::bf16_gemv matches gemm_xwt for M = 1..8, bf16 and f32 outputs", "[cuda][gemm]") {
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  struct Shape {
+    std::int64_t N, K;
+  };
+  // N odd and off the 2-row warp tile; K from one chunk to past the 4 x 32-chunk unroll, and ragged.
+  const Shape shapes[] = {{1, 8}, {3, 64}, {333, 1000}, {1000, 4096}, {257, 1032}, {64, 14336}};
+  std::mt19937 rng(fresh_seed("bf16_gemv"));
+  for (const Shape& s : shapes) {
+    for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
+      INFO("M=" << M << " N=" << s.N << " K=" << s.K);
+      const auto xb = random_bf16(static_cast<std::size_t>(M * s.K), rng);
+      const auto wb = random_bf16(static_cast<std::size_t>(s.N * s.K), rng);
+      const Reference r = reference(to_f32(xb), to_f32(wb), M, s.N, s.K);
+      test::DeviceMem dx(xb.size() * 2), dw(wb.size() * 2), dy(r.y.size() * 2), dyf(r.y.size() * 4);
+      upload(dx, xb);
+      upload(dw, wb);
+      CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));   // NaN
+      CUDA_REQUIRE(cudaMemset(dyf.p, 0xff, r.y.size() * 4));  // NaN
+      REQUIRE(kc::bf16_gemv_supports(dw.p, dx.p, s.K));
+      kc::bf16_gemv(dw.as<std::uint16_t>(), dx.as<std::uint16_t>(), M, s.N, s.K, dy.as<std::uint16_t>(), stream);
+      kc::bf16_gemv(dw.as<std::uint16_t>(), dx.as<std::uint16_t>(), M, s.N, s.K, dyf.as<float>(), stream);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      check_close(to_f32(download<std::uint16_t>(dy.p, r.y.size())), r.y, r.abs_y, s.K, std::ldexp(1.0, -8), 2.0);
+      check_close(download<float>(dyf.p, r.y.size()), r.y, r.abs_y, s.K, std::ldexp(1.0, -20), 2.0);
+    }
+  }
+  SECTION("operands it cannot take are refused, not miscomputed") {
+    test::DeviceMem d(4096);
+    CHECK_FALSE(kc::bf16_gemv_supports(d.p, d.p, 12));
+    CHECK_FALSE(kc::bf16_gemv_supports(d.as<std::uint16_t>(2), d.p, 16));
+    CHECK_THROWS_AS(kc::bf16_gemv(d.as<std::uint16_t>(), d.as<std::uint16_t>(), 1, 4, 12, d.as<std::uint16_t>(), stream),
+                    InvalidArgument);
+    CHECK_THROWS_AS(kc::bf16_gemv(d.as<std::uint16_t>(), d.as<std::uint16_t>(), 9, 4, 16, d.as<std::uint16_t>(), stream),
+                    InvalidArgument);
+    CHECK_THROWS_AS(kc::bf16_gemv(d.as<std::uint16_t>(), d.as<std::uint16_t>(), 1, 4, 16, static_cast<float*>(nullptr),
+                                  stream),
+                    InvalidArgument);
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("bench: gguf_gemv GB/s and bf16 Gemm TFLOP/s", "[cuda][.bench][gemm_bench]") {
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
@@ -328,6 +371,39 @@ TEST_CASE("bench: gguf_gemv GB/s and bf16 Gemm TFLOP/s", "[cuda][.bench][gemm_be
       std::printf("gguf_gemv %-5s M=%d N=%lld K=%lld: %8.2f us, %7.1f GB/s of weights (%.0f%% of 4270 GB/s copy)\n",
                   std::string(name(t)).c_str(), M, static_cast<long long>(N), static_cast<long long>(K), ms * 1e3,
                   static_cast<double>(bytes) / (ms * 1e-3) / 1e9, static_cast<double>(bytes) / (ms * 1e-3) / 4.27e12 * 100);
+    }
+  }
+  {
+    // bf16 weights at decode batch sizes: the streaming GEMV against cuBLASLt, on Llama-3-8B's layers
+    // (qkv, o, gate_up, down, LM head), each with enough copies to defeat the L2.
+    struct Layer {
+      const char* name;
+      std::int64_t N, K;
+    };
+    kc::Gemm gemm;
+    for (const Layer& l : {Layer{"qkv", 6144, 4096}, Layer{"o", 4096, 4096}, Layer{"gate_up", 28672, 4096},
+                           Layer{"down", 4096, 14336}, Layer{"lm_head", 128256, 4096}}) {
+      const std::size_t bytes = static_cast<std::size_t>(l.N * l.K) * 2;
+      const int copies = static_cast<int>(std::max<std::size_t>(2, (400u << 20) / bytes));
+      test::DeviceMem w(bytes * static_cast<std::size_t>(copies)), xs(static_cast<std::size_t>(l.K) * 2 * 8),
+          ys(static_cast<std::size_t>(l.N) * 2 * 8);
+      CUDA_REQUIRE(cudaMemset(w.p, 0x3c, bytes * static_cast<std::size_t>(copies)));
+      CUDA_REQUIRE(cudaMemset(xs.p, 0x3c, static_cast<std::size_t>(l.K) * 2 * 8));
+      for (int M : {1, 8}) {
+        const auto wi = [&](int i) { return w.as<std::uint16_t>(bytes * static_cast<std::size_t>(i)); };
+        const double gemv = median_ms(copies, stream, [&](int i) {
+          kc::bf16_gemv(wi(i), xs.as<std::uint16_t>(), M, l.N, l.K, ys.as<std::uint16_t>(), stream);
+        });
+        const double blas = median_ms(copies, stream, [&](int i) {
+          gemm.run(xs.as<std::uint16_t>(), wi(i), ys.as<std::uint16_t>(), M, l.N, l.K, stream);
+        });
+        std::printf("bf16 %-7s M=%d N=%6lld K=%5lld: bf16_gemv %7.2f us %6.0f GB/s (%.0f%% of copy), cuBLASLt %7.2f us "
+                    "%6.0f GB/s\n",
+                    l.name, M, static_cast<long long>(l.N), static_cast<long long>(l.K), gemv * 1e3,
+                    static_cast<double>(bytes) / (gemv * 1e-3) / 1e9,
+                    static_cast<double>(bytes) / (gemv * 1e-3) / 4.27e12 * 100, blas * 1e3,
+                    static_cast<double>(bytes) / (blas * 1e-3) / 1e9);
+      }
     }
   }
   {

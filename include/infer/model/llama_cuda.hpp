@@ -563,7 +563,10 @@ class LlamaModel<cuda, Q, Attn> {
     }
     if (sh.S == 0) return;
     kernels::cuda::add_rmsnorm(const_cast<float*>(last), nullptr, output_norm_, sh.S, H, eps, lastn_.as<bf16>(), s);
-    gemm_.run(lastn_.as<bf16>(), lm_head_, logits_.as<float>(), sh.S, c.vocab_size, H, 0.0f, s);
+    if (sh.S <= kernels::cuda::kGemvMaxRows && kernels::cuda::bf16_gemv_supports(lm_head_, lastn_.data(), H))
+      kernels::cuda::bf16_gemv(lm_head_, lastn_.as<bf16>(), sh.S, c.vocab_size, H, logits_.as<float>(), s);
+    else
+      gemm_.run(lastn_.as<bf16>(), lm_head_, logits_.as<float>(), sh.S, c.vocab_size, H, 0.0f, s);
   }
 
   /// A stacked projection: one GEMM, or one per part with its output copied into its columns.

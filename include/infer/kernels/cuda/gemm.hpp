@@ -8,6 +8,7 @@
 /// - `gguf_gemv`: M = 1..8 rows against GGUF weights kept in their blocks, dequantized in registers. Batch-1
 ///   decode is bound by reading the weights, which are 2-5× smaller in their blocks than in bf16.
 /// - `gguf_gemm`: M > 8: dequantizes W into a caller-given bf16 scratch, then runs the bf16 `Gemm`.
+/// - `bf16_gemv`: M = 1..8 rows against bf16 weights, streamed at close to the copy bandwidth.
 ///
 /// Compiled in kernels/cuda/gemm.cu and kernels/cuda/gguf_gemv.cu; this header includes no CUDA header
 /// (bf16 values are their `std::uint16_t` bits, streams are `void*` = cudaStream_t, nullptr = legacy
@@ -91,6 +92,21 @@ void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t
 /// be null when M ≤ kGemvMaxRows).
 void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
+
+/// Whether `bf16_gemv` takes these operands: K a multiple of 8 and w, x 16-byte aligned (its loads).
+[[nodiscard]] inline bool bf16_gemv_supports(const void* w, const void* x, std::int64_t K) noexcept {
+  return K % 8 == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
+}
+
+/// y[M][N] = x[M][K] (bf16) · W[N][K]ᵀ (bf16) for 1 ≤ M ≤ kGemvMaxRows, f32 accumulation, y bf16 or f32
+/// (overwritten). The decode path of bf16 weights: bound by reading W once, which this kernel does at a
+/// higher fraction of the bandwidth than cuBLASLt's tiles at such M (kernels/cuda/bf16_gemv.cu).
+/// InvalidArgument for sizes out of range or operands bf16_gemv_supports refuses; DeviceError if the
+/// launch fails. N of 0 does nothing.
+void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
+               std::uint16_t* y_bf16, void* stream);
+void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K, float* y_f32,
+               void* stream);
 
 /// Whether `gguf_gemv` takes this weight type.
 [[nodiscard]] constexpr bool gemv_supports(DType type) noexcept {
