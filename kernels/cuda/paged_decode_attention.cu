@@ -1,7 +1,8 @@
 // CUDA paged decode attention (flash-decoding). One thread block = one sequence x one KV head x up to GT
 // query heads of its group x one split of the context, so each K/V row is read from memory once for the
 // whole group. Inside the block, D/8 lanes own one K/V row (16-byte loads, 8 bf16 each) and a warp walks
-// 32/(D/8) rows at a time, U steps unrolled so 2U loads are in flight per thread. Every lane group keeps its
+// 32/(D/8) rows at a time, U steps unrolled so 2U loads are in flight per thread; the split's block-table
+// entries are staged in shared memory first, so no K/V load waits behind a table read. Every lane group keeps its
 // own online-softmax state (max m, sum l, acc over its 8 dims) in registers; the groups are merged through
 // shared memory at the end, and the splits of a sequence by a second kernel. Scores are kept in the log2
 // domain (q is pre-multiplied by scale * log2 e) so the softmax uses exp2.
@@ -24,6 +25,8 @@ constexpr int kUnroll = 4;
 /// A split covers at least this many positions: below it the merge costs more than the parallelism gives.
 constexpr int kMinSplitLen = 256;
 constexpr int kMaxSplits = 256;
+/// Block-table entries a thread block stages in shared memory at a time.
+constexpr int kTableWindow = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -121,73 +124,85 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
 
   const std::int32_t* table = p.tables + static_cast<std::size_t>(seq) * p.max_blocks;
   const int block_mask = (1 << p.block_shift) - 1;
-  for (int base = begin; base < end; base += ROWS * kUnroll) {
-    uint4 kr[kUnroll], vr[kUnroll];
-    bool valid[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int pos = base + u * ROWS + group_id;
-      valid[u] = pos < end;
-      if (valid[u]) {
-        const auto blk = static_cast<std::size_t>(__ldg(table + (pos >> p.block_shift)));
-        const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(pos & block_mask);
-        const std::size_t off = (row * p.kv_heads + kvh) * D + dl * 8;
-        kr[u] = load_nc(p.k + off);
-        vr[u] = load_nc(p.v + off);
-      } else {
-        kr[u] = make_uint4(0, 0, 0, 0);
-        vr[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
-    float s[kUnroll][GT];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float kf[8];
-      unpack8(kr[u], kf);
-#pragma unroll
-      for (int g = 0; g < GT; ++g) {
-        float a = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) a = fmaf(qr[g][i], kf[i], a);
-        s[u][g] = a;
-      }
-    }
-#pragma unroll
-    for (int off = TPR / 2; off > 0; off >>= 1)
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-        for (int g = 0; g < GT; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], off);
-
-    float vf[kUnroll][8];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) unpack8(vr[u], vf[u]);
-#pragma unroll
-    for (int g = 0; g < GT; ++g) {
-      float mx = m[g];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (valid[u]) mx = fmaxf(mx, s[u][g]);
-      // mx is finite once any row was valid; rows are only masked at the end of the range.
-      const float corr = m[g] == kNegInf ? 0.0f : exp2f(m[g] - mx);
-      float pr[kUnroll];
-      float sum = 0.0f;
+  // The split's block-table entries are staged in shared memory, a window at a time, so a K/V load
+  // waits on one memory access, not on a table read first.
+  __shared__ std::int32_t sm_table[kTableWindow];
+  const int window = (kTableWindow - 1) << p.block_shift;  // positions whose blocks fit, at any alignment
+  for (int wbeg = begin; wbeg < end; wbeg += window) {
+    const int wend = min(end, wbeg + window);
+    const int first_block = wbeg >> p.block_shift;
+    const int nblocks = ((wend - 1) >> p.block_shift) - first_block + 1;
+    __syncthreads();  // the previous window's readers are done
+    for (int i = static_cast<int>(threadIdx.x); i < nblocks; i += kThreads) sm_table[i] = __ldg(table + first_block + i);
+    __syncthreads();
+    for (int base = wbeg; base < wend; base += ROWS * kUnroll) {
+      uint4 kr[kUnroll], vr[kUnroll];
+      bool valid[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        pr[u] = valid[u] ? exp2f(s[u][g] - mx) : 0.0f;
-        sum += pr[u];
+        const int pos = base + u * ROWS + group_id;
+        valid[u] = pos < wend;
+        if (valid[u]) {
+          const auto blk = static_cast<std::size_t>(sm_table[(pos >> p.block_shift) - first_block]);
+          const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(pos & block_mask);
+          const std::size_t off = (row * p.kv_heads + kvh) * D + dl * 8;
+          kr[u] = load_nc(p.k + off);
+          vr[u] = load_nc(p.v + off);
+        } else {
+          kr[u] = make_uint4(0, 0, 0, 0);
+          vr[u] = make_uint4(0, 0, 0, 0);
+        }
       }
-      l[g] = fmaf(l[g], corr, sum);
+      float s[kUnroll][GT];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        float a = acc[g][i] * corr;
+      for (int u = 0; u < kUnroll; ++u) {
+        float kf[8];
+        unpack8(kr[u], kf);
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) a = fmaf(pr[u], vf[u][i], a);
-        acc[g][i] = a;
+        for (int g = 0; g < GT; ++g) {
+          float a = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) a = fmaf(qr[g][i], kf[i], a);
+          s[u][g] = a;
+        }
       }
-      m[g] = mx;
+#pragma unroll
+      for (int off = TPR / 2; off > 0; off >>= 1)
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int g = 0; g < GT; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], off);
+
+      float vf[kUnroll][8];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) unpack8(vr[u], vf[u]);
+#pragma unroll
+      for (int g = 0; g < GT; ++g) {
+        float mx = m[g];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+          if (valid[u]) mx = fmaxf(mx, s[u][g]);
+        // mx is finite once any row was valid; rows are only masked at the end of the range.
+        const float corr = m[g] == kNegInf ? 0.0f : exp2f(m[g] - mx);
+        float pr[kUnroll];
+        float sum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          pr[u] = valid[u] ? exp2f(s[u][g] - mx) : 0.0f;
+          sum += pr[u];
+        }
+        l[g] = fmaf(l[g], corr, sum);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          float a = acc[g][i] * corr;
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) a = fmaf(pr[u], vf[u][i], a);
+          acc[g][i] = a;
+        }
+        m[g] = mx;
+      }
     }
-  }
+  }  // table window
 
   // Merge the lane groups of this block.
 #pragma unroll
