@@ -39,10 +39,12 @@ case "${1:-}" in
       --output-json "$out/latency-llama3-8b-b1-2048-ttft.json"
     run "$bin"/infer-bench-latency $m8 --batch-size 32 --input-len 512 --output-len 128 --num-iters 3 \
       --output-json "$out/latency-llama3-8b-b32-512-128.json"
-    run "$bin"/infer-bench-throughput $m8 --num-prompts 1024 --input-len 128 --output-len 128 \
-      --output-json "$out/throughput-llama3-8b-1024x128-128.json"
-    run "$bin"/infer-bench-throughput $m8 --num-prompts 1000 --input-len 512 --output-len 128 \
-      --output-json "$out/throughput-llama3-8b-1000x512-128.json"
+    for seqs in 256 1024; do  # vLLM's max_num_seqs: 256 (V0) and 1024 (V1 on H100-class GPUs)
+      run "$bin"/infer-bench-throughput $m8 --num-prompts 1024 --input-len 128 --output-len 128 --max-num-seqs $seqs \
+        --max-num-batched-tokens 16384 --output-json "$out/throughput-llama3-8b-1024x128-128-seqs$seqs.json"
+      run "$bin"/infer-bench-throughput $m8 --num-prompts 1000 --input-len 512 --output-len 128 --max-num-seqs $seqs \
+        --max-num-batched-tokens 16384 --output-json "$out/throughput-llama3-8b-1000x512-128-seqs$seqs.json"
+    done
     run "$bin"/infer-bench-latency --dummy qwen2.5-7b --quantizer bf16 --batch-size 1 --input-len 512 --output-len 128 \
       --output-json "$out/latency-qwen2.5-7b-b1-512-128.json"
     sm="--model models/SmolLM2-135M-Instruct.Q4_1.gguf"

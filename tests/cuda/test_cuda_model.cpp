@@ -333,10 +333,13 @@ TEST_CASE("PagedEngine<cuda>: decode steps replayed from CUDA graphs pick the to
   const std::vector<std::string> texts = {"The capital of France is", "def fibonacci(n):", "Once upon a time",
                                           "List three colors:", "2 + 2 =", "The sea is", "Hello", "Why is the sky blue?",
                                           "A haiku about autumn:"};
-  EngineOptions eager_options;
+  // Two engines in one process: each gets a fixed pool (the default would give the first 90% of the device).
+  EngineOptions options;
+  options.kv_cache_bytes = std::size_t{1} << 30;
+  EngineOptions eager_options = options;
   eager_options.enforce_eager = true;
   PagedEngine<cuda, 16> eager(default_model(), eager_options);
-  PagedEngine<cuda, 16> graphed(default_model(), EngineOptions{});
+  PagedEngine<cuda, 16> graphed(default_model(), options);
   REQUIRE(eager.model().num_graphs() == 0);
   REQUIRE(graphed.model().num_graphs() > 0);
   for (std::size_t batch : {1u, 3u, 9u}) {  // 3 and 9 replay the graphs of buckets 4 and 12, padded
