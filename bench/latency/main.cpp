@@ -29,6 +29,7 @@ struct Iteration {
   double decode_s = 0;      ///< from there until every request finished
   double total_s = 0;
   std::vector<double> step_s;  ///< wall time of each decode step
+  std::vector<double> device_s;  ///< device time of each decode step (CUDA backend)
 };
 
 template <class E>
@@ -47,7 +48,11 @@ Iteration run_batch(E& engine, const LatencyFlags& f, std::mt19937_64& rng) {
     const auto s0 = std::chrono::steady_clock::now();
     const std::vector<RequestOutput> outs = engine.step();
     const double step = seconds_since(s0);
-    if (started == f.batch_size) it.step_s.push_back(step);
+    if (started == f.batch_size) {
+      it.step_s.push_back(step);
+      if constexpr (requires { engine.model().last_step_device_ms(); })
+        it.device_s.push_back(engine.model().last_step_device_ms() * 1e-3);
+    }
     for (const auto& o : outs)
       if (o.outputs.at(0).token_ids.size() == 1 && o.outputs[0].delta_token_ids.size() == 1) started++;
     if (started == f.batch_size && it.ttft_s == 0) it.ttft_s = seconds_since(t0);
@@ -73,6 +78,7 @@ int run(const bench::ModelFlags& mf, const LatencyFlags& f) {
     weight_bytes = static_cast<double>(lt.weight_bytes);
     graphs = static_cast<double>(lt.graphs);
   }
+  if constexpr (requires { engine.model().set_step_timing(true); }) engine.model().set_step_timing(true);
   const ModelConfig& c = engine.model().config();
   const double kv_per_token = static_cast<double>(engine.model().kv_bytes_per_token());
 
@@ -113,6 +119,10 @@ int run(const bench::ModelFlags& mf, const LatencyFlags& f) {
   if (floor_tps > 0)
     std::printf("  %-34s %10.1f tok/s  (%.1f%% reached; %.2f GB weights, %.2f TB/s)\n", "bandwidth floor", floor_tps,
                 100.0 * med_tps / floor_tps, weight_bytes / 1e9, f.bandwidth / 1e12);
+  const double step_wall = bench::percentile(runs.back().step_s, 0.5), step_dev = bench::percentile(runs.back().device_s, 0.5);
+  if (step_dev > 0)
+    std::printf("  %-34s %10.3f ms of %.3f ms wall (host and launch: %.3f ms)\n", "device time per decode step",
+                step_dev * 1e3, step_wall * 1e3, (step_wall - step_dev) * 1e3);
   std::printf("  %-34s %10.2f ms\n", "end-to-end batch latency (median)", med_total * 1e3);
   std::printf("  cold start: main %.3f s, weights on device %.3f s, graphs captured %.3f s (%g graphs), engine ready "
               "%.3f s, first token %.3f s after process start\n",
@@ -136,6 +146,7 @@ int run(const bench::ModelFlags& mf, const LatencyFlags& f) {
                     {"decode_tokens_per_s_all", decode_tps},
                     {"decode_step_ms_p50", bench::percentile(runs.back().step_s, 0.5) * 1e3},
                     {"decode_step_ms_p99", bench::percentile(runs.back().step_s, 0.99) * 1e3},
+                    {"decode_step_device_ms_p50", step_dev * 1e3},
                     {"end_to_end_ms", med_total * 1e3},
                     {"weight_bytes", weight_bytes},
                     {"bandwidth_bytes_per_s", f.bandwidth},

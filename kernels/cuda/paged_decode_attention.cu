@@ -36,6 +36,7 @@ struct DecodeParams {
   const std::int32_t* tables;
   const std::int32_t* lens;
   const std::uint16_t* q;
+  std::int64_t q_stride;  ///< elements from one sequence's q to the next
   std::uint16_t* out;
   float* ws_ml;   ///< [seq][head][split][2]: max (log2 domain), sum
   float* ws_acc;  ///< [seq][head][split][D]: unnormalized accumulator
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   for (int g = 0; g < GT; ++g) {
     if (g < nh) {
       const uint4 raw = *reinterpret_cast<const uint4*>(
-          p.q + (static_cast<std::size_t>(seq) * p.num_heads + h0 + g) * D + dl * 8);
+          p.q + static_cast<std::size_t>(seq) * static_cast<std::size_t>(p.q_stride) + static_cast<std::size_t>(h0 + g) * D + dl * 8);
       unpack8(raw, qr[g]);
 #pragma unroll
       for (int i = 0; i < 8; ++i) qr[g][i] *= p.scale_log2;
@@ -399,9 +400,14 @@ std::size_t paged_decode_workspace_bytes(const PagedKvBatch& batch, int num_head
 }
 
 void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, int num_heads, float scale,
-                            std::uint16_t* out, float* workspace, std::size_t workspace_bytes, void* stream) {
+                            std::uint16_t* out, float* workspace, std::size_t workspace_bytes, void* stream,
+                            std::int64_t q_row_stride) {
   using infer::detail::cat;
   check(batch, num_heads);
+  const std::int64_t dense = static_cast<std::int64_t>(num_heads) * batch.head_dim;
+  if (q_row_stride != 0 && (q_row_stride < dense || q_row_stride % 8 != 0))
+    throw InvalidArgument(cat("cuda::paged_decode_attention: q_row_stride = ", q_row_stride, " must be 0 or a multiple",
+                              " of 8 of at least num_heads * head_dim = ", dense));
   if (batch.num_seqs == 0) return;
   if (!batch.k || !batch.v || !batch.block_tables || !batch.seq_lens || !q || !out)
     throw InvalidArgument(cat("cuda::paged_decode_attention: null ",
@@ -430,6 +436,7 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
   p.tables = batch.block_tables;
   p.lens = batch.seq_lens;
   p.q = q;
+  p.q_stride = q_row_stride != 0 ? q_row_stride : dense;
   p.out = out;
   const std::size_t ml_floats =
       static_cast<std::size_t>(batch.num_seqs) * static_cast<std::size_t>(num_heads) * static_cast<std::size_t>(pl.splits) * 2;

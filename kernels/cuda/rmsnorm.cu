@@ -28,14 +28,24 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return v;
 }
 
-template <bool kVec>
-__global__ void add_rmsnorm_kernel(float* __restrict__ residual, const float* __restrict__ delta,
+/// Four consecutive delta values as f32, from f32 (one 16-byte load) or bf16 (one 8-byte load).
+__device__ __forceinline__ float4 load4(const float* d, std::int64_t i) { return __ldg(reinterpret_cast<const float4*>(d) + i); }
+__device__ __forceinline__ float4 load4(const std::uint16_t* d, std::int64_t i) {
+  const uint2 r = __ldg(reinterpret_cast<const uint2*>(d) + i);
+  return make_float4(__uint_as_float(r.x << 16), __uint_as_float(r.x & 0xffff0000u), __uint_as_float(r.y << 16),
+                     __uint_as_float(r.y & 0xffff0000u));
+}
+__device__ __forceinline__ float load1(const float* d, std::int64_t i) { return d[i]; }
+__device__ __forceinline__ float load1(const std::uint16_t* d, std::int64_t i) { return bf16_to_f32(d[i]); }
+
+template <bool kVec, class Delta>
+__global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __restrict__ delta,
                                    const float* __restrict__ weight, std::int64_t dim, float eps,
                                    std::uint16_t* __restrict__ out) {
   __shared__ float scratch[32];
   const std::int64_t row = blockIdx.x;
   float* x = residual + row * dim;
-  const float* d = delta != nullptr ? delta + row * dim : nullptr;
+  const Delta* d = delta != nullptr ? delta + row * dim : nullptr;
   std::uint16_t* y = out + row * dim;
   const auto tid = static_cast<std::int64_t>(threadIdx.x), nt = static_cast<std::int64_t>(blockDim.x);
   float sum = 0.0f;
@@ -45,7 +55,7 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const float* __
     for (std::int64_t i = tid; i < n4; i += nt) {
       float4 v = x4[i];
       if (d != nullptr) {
-        const float4 a = __ldg(reinterpret_cast<const float4*>(d) + i);
+        const float4 a = load4(d, i);
         v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
         x4[i] = v;
       }
@@ -55,7 +65,7 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const float* __
     for (std::int64_t i = tid; i < dim; i += nt) {
       float v = x[i];
       if (d != nullptr) {
-        v += d[i];
+        v += load1(d, i);
         x[i] = v;
       }
       sum += v * v;
@@ -82,20 +92,18 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const float* __
 
 bool aligned(const void* p, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
 
-}  // namespace
-
-void add_rmsnorm(float* residual, const float* delta, const float* weight, std::int64_t rows, std::int64_t dim,
-                 float eps, std::uint16_t* out_bf16, void* stream) {
-  if (rows < 0 || dim < 0)
-    throw InvalidArgument(detail::cat("cuda::add_rmsnorm: negative size (rows ", rows, ", dim ", dim, ")"));
+template <class Delta>
+void launch_add_rmsnorm(const char* who, float* residual, const Delta* delta, const float* weight, std::int64_t rows,
+                        std::int64_t dim, float eps, std::uint16_t* out_bf16, void* stream) {
+  if (rows < 0 || dim < 0) throw InvalidArgument(detail::cat(who, ": negative size (rows ", rows, ", dim ", dim, ")"));
   if (rows == 0 || dim == 0) return;
   if (residual == nullptr || weight == nullptr || out_bf16 == nullptr)
-    throw InvalidArgument(detail::cat("cuda::add_rmsnorm: null ",
+    throw InvalidArgument(detail::cat(who, ": null ",
                                       residual == nullptr ? "residual" : weight == nullptr ? "weight" : "output",
                                       " pointer for ", rows, " rows of ", dim));
-  if (rows > 0x7fffffff) throw InvalidArgument(detail::cat("cuda::add_rmsnorm: ", rows, " rows exceed one grid"));
+  if (rows > 0x7fffffff) throw InvalidArgument(detail::cat(who, ": ", rows, " rows exceed one grid"));
   const bool vec = dim % 4 == 0 && aligned(residual, 16) && aligned(weight, 16) && aligned(out_bf16, 8) &&
-                   (delta == nullptr || aligned(delta, 16));
+                   (delta == nullptr || aligned(delta, 4 * sizeof(Delta)));
   // One thread per 4 values (per value when scalar), whole warps, at most 1024; long rows loop.
   const std::int64_t per_row = vec ? dim / 4 : dim;
   std::int64_t threads = (per_row + 31) / 32 * 32;
@@ -103,10 +111,22 @@ void add_rmsnorm(float* residual, const float* delta, const float* weight, std::
   const auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(threads));
   if (vec)
-    add_rmsnorm_kernel<true><<<grid, block, 0, s>>>(residual, delta, weight, dim, eps, out_bf16);
+    add_rmsnorm_kernel<true, Delta><<<grid, block, 0, s>>>(residual, delta, weight, dim, eps, out_bf16);
   else
-    add_rmsnorm_kernel<false><<<grid, block, 0, s>>>(residual, delta, weight, dim, eps, out_bf16);
-  backend::cuda::check(cudaGetLastError(), "cuda::add_rmsnorm: kernel launch");
+    add_rmsnorm_kernel<false, Delta><<<grid, block, 0, s>>>(residual, delta, weight, dim, eps, out_bf16);
+  backend::cuda::check(cudaGetLastError(), detail::cat(who, ": kernel launch").c_str());
+}
+
+}  // namespace
+
+void add_rmsnorm(float* residual, const float* delta, const float* weight, std::int64_t rows, std::int64_t dim,
+                 float eps, std::uint16_t* out_bf16, void* stream) {
+  launch_add_rmsnorm("cuda::add_rmsnorm", residual, delta, weight, rows, dim, eps, out_bf16, stream);
+}
+
+void add_bf16_rmsnorm(float* residual, const std::uint16_t* delta_bf16, const float* weight, std::int64_t rows,
+                      std::int64_t dim, float eps, std::uint16_t* out_bf16, void* stream) {
+  launch_add_rmsnorm("cuda::add_bf16_rmsnorm", residual, delta_bf16, weight, rows, dim, eps, out_bf16, stream);
 }
 
 }  // namespace infer::kernels::cuda

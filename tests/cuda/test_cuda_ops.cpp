@@ -138,7 +138,7 @@ TEST_CASE("cuda::embedding gathers bf16 rows into f32 exactly", "[cuda][ops]") {
   CHECK_NOTHROW(kc::embedding(nullptr, nullptr, 0, 8, nullptr, nullptr));
 }
 
-TEST_CASE("cuda::add_rmsnorm matches cpu::add + cpu::rms_norm", "[cuda][ops]") {
+TEST_CASE("cuda::add_rmsnorm and add_bf16_rmsnorm match cpu::add + cpu::rms_norm", "[cuda][ops]") {
   const auto seed = test::fresh_seed("test_cuda_ops");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
@@ -155,6 +155,7 @@ TEST_CASE("cuda::add_rmsnorm matches cpu::add + cpu::rms_norm", "[cuda][ops]") {
     INFO("rows " << c.rows << ", dim " << c.dim << (c.delta ? ", with delta" : ", no delta") << ", pad " << c.pad);
     const auto n = static_cast<std::size_t>(c.rows * c.dim);
     auto residual = random_f32(n, 0.0f, 2.0f, rng);
+    const auto residual_before = residual;
     const auto delta = random_f32(n, 0.0f, 1.0f, rng);
     const auto weight = random_f32(static_cast<std::size_t>(c.dim), 1.0f, 0.3f, rng);
 
@@ -178,7 +179,30 @@ TEST_CASE("cuda::add_rmsnorm matches cpu::add + cpu::rms_norm", "[cuda][ops]") {
     const float slack = std::ldexp(1.0f, -16);
     count_bad("rmsnorm", n, [&](std::size_t i) { return bf16_to_f32(got[i]); }, ref,
               [&](std::size_t i) { return (kBf16Half + slack * (1.0f + kBf16Half)) * std::fabs(ref[i]); });
+
+    if (!c.delta) continue;
+    // The same with the delta in bf16 (a projection's output): the CPU adds the same bf16 values.
+    std::vector<std::uint16_t> delta_bf16(n);
+    std::vector<float> delta_rounded(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      delta_bf16[i] = f32_to_bf16(delta[i]);
+      delta_rounded[i] = bf16_to_f32(delta_bf16[i]);
+    }
+    auto residual_b = residual_before;
+    Dev<float> d_res_b(residual_b, c.pad);
+    Dev<std::uint16_t> d_delta_b(delta_bf16, c.pad);
+    auto d_out_b = Dev<std::uint16_t>::poisoned(n, c.pad);
+    kc::add_bf16_rmsnorm(d_res_b.ptr(), d_delta_b.ptr(), d_w.ptr(), c.rows, c.dim, eps, d_out_b.ptr(), nullptr);
+    device_sync();
+    kcpu::add(residual_b.data(), delta_rounded.data(), n);
+    kcpu::rms_norm(residual_b.data(), weight.data(), ref.data(), c.rows, c.dim, eps);
+    const auto got_res_b = d_res_b.get(n);
+    CHECK(std::memcmp(got_res_b.data(), residual_b.data(), n * 4) == 0);
+    const auto got_b = d_out_b.get(n);
+    count_bad("rmsnorm (bf16 delta)", n, [&](std::size_t i) { return bf16_to_f32(got_b[i]); }, ref,
+              [&](std::size_t i) { return (kBf16Half + slack * (1.0f + kBf16Half)) * std::fabs(ref[i]); });
   }
+  CHECK_THROWS_AS(kc::add_bf16_rmsnorm(nullptr, nullptr, nullptr, 2, 8, eps, nullptr, nullptr), InvalidArgument);
   CHECK_THROWS_AS(kc::add_rmsnorm(nullptr, nullptr, nullptr, 2, 8, eps, nullptr, nullptr), InvalidArgument);
   CHECK_THROWS_AS(kc::add_rmsnorm(nullptr, nullptr, nullptr, -1, 8, eps, nullptr, nullptr), InvalidArgument);
 }

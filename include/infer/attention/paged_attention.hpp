@@ -53,8 +53,8 @@ struct PagedAttention {
   /// chunks through the causal kernel; both enqueue on batch.stream and never synchronize.
   static void attend(cuda, const DeviceAttentionBatch& b) {
     if (b.num_decode > 0)
-      kernels::cuda::paged_decode_attention(decode_part(b), b.q, b.num_heads, b.scale, b.out, b.workspace,
-                                            b.workspace_bytes, b.stream);
+      kernels::cuda::paged_decode_attention(decode_part(b), b.decode_q ? b.decode_q : b.q, b.num_heads, b.scale, b.out,
+                                            b.workspace, b.workspace_bytes, b.stream, b.decode_q ? b.decode_q_stride : 0);
     if (b.num_prefill > 0) {
       const std::size_t first = static_cast<std::size_t>(b.num_decode) * static_cast<std::size_t>(b.num_heads) *
                                 static_cast<std::size_t>(b.head_dim);

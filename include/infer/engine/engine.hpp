@@ -161,6 +161,8 @@ class Engine {
   [[nodiscard]] const EngineStats& stats() const noexcept { return stats_; }
   [[nodiscard]] const A& allocator() const noexcept { return alloc_; }
   [[nodiscard]] const model_type& model() const noexcept { return model_; }
+  /// The decoder itself, for diagnostics (e.g. LlamaModel<cuda>::set_step_timing); not for stepping it.
+  [[nodiscard]] model_type& model() noexcept { return model_; }
   [[nodiscard]] const KvCache<B>& kv_cache() const noexcept { return cache_; }
   [[nodiscard]] bool has_unfinished() const noexcept { return !requests_.empty() || !pending_.empty(); }
   [[nodiscard]] std::size_t num_unfinished() const noexcept { return requests_.size(); }

@@ -4,9 +4,9 @@
 /// (every chunk's tokens stacked into one [T][hidden] activation, one GEMM per projection over all T rows,
 /// attention per step through the Attn policy), in bf16 with f32 accumulation and an f32 residual stream.
 /// Per layer:
-///   add_rmsnorm → qkv GEMM (+ bias) → RoPE + K/V write into the paged cache → attention (decode rows by
-///   flash-decoding, prefill chunks by the causal kernel) → o GEMM → +x → add_rmsnorm → gate_up GEMM →
-///   SwiGLU → down GEMM → +x
+///   (+x) RMSNorm → qkv GEMM (+ bias) → RoPE + K/V write into the paged cache → attention (decode rows by
+///   flash-decoding, prefill chunks by the causal kernel) → o GEMM → +x RMSNorm → gate_up GEMM →
+///   SwiGLU → down GEMM, each residual add fused into the norm after it
 /// then the final norm on the sampled rows and the LM head (bf16 weights, f32 logits).
 ///
 /// Host work per step is one packing of the step's metadata (ids, positions, cache slots, block tables,
@@ -28,6 +28,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <utility>
@@ -157,6 +158,18 @@ class LlamaModel<cuda, Q, Attn> {
                                          cudaMemcpyDeviceToHost, stream()),
                          "LlamaModel<cuda>: copying sampled ids to the host");
     stream_.synchronize();
+  }
+
+  /// Measures each step's device time with events (for infer-bench-latency: device time against the
+  /// step's wall time shows the host's share). Off by default: the events cost a little per step.
+  void set_step_timing(bool on) {
+    step_timer_ = on ? std::make_unique<backend::cuda::EventTimer>() : nullptr;
+    timed_ = false;
+  }
+  /// Milliseconds the device spent on the last step, from the metadata copy to its last kernel; -1 when
+  /// timing is off or no step ran since it was turned on.
+  [[nodiscard]] double last_step_device_ms() const {
+    return step_timer_ && timed_ ? static_cast<double>(step_timer_->elapsed_ms()) : -1.0;
   }
 
   /// Device f32 logits [rows][vocab] of the last step (valid until the next one), for GPU samplers.
@@ -439,6 +452,7 @@ class LlamaModel<cuda, Q, Attn> {
       grow(sh.T, std::max(sh.C, sh.S), width);
     }
     const MetaLayout m = pack(chunks, sh, bs);
+    if (step_timer_) step_timer_->start(stream_.handle());
     backend::cuda::check(cudaMemcpyAsync(meta_.data(), pinned_.data(), m.bytes, cudaMemcpyHostToDevice, stream()),
                          "LlamaModel<cuda>: copying the step's metadata");
     if (graph) {
@@ -447,6 +461,10 @@ class LlamaModel<cuda, Q, Attn> {
     } else {
       compute(cache, sh, m);
       eager_steps_++;
+    }
+    if (step_timer_) {
+      step_timer_->stop(stream_.handle());
+      timed_ = true;
     }
     return graph ? static_cast<std::int32_t>(chunks.size()) : sh.S;
   }
@@ -521,21 +539,30 @@ class LlamaModel<cuda, Q, Attn> {
     const auto rows = static_cast<std::int32_t>(T);
 
     kernels::cuda::embedding(embedding_, ids, T, H, x, s);
+    // Each residual add is fused into the norm that follows it: the MLP's output of layer l is added by
+    // layer l + 1's first norm (or after the loop), the attention output by the MLP's norm.
+    const bf16* pending = nullptr;
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
       const auto layer = static_cast<std::int32_t>(l);
-      kernels::cuda::add_rmsnorm(x, nullptr, L.attn_norm, T, H, eps, xn, s);
+      if (pending) kernels::cuda::add_bf16_rmsnorm(x, pending, L.attn_norm, T, H, eps, xn, s);
+      else kernels::cuda::add_rmsnorm(x, nullptr, L.attn_norm, T, H, eps, xn, s);
       project(ctx, L.qkv, xn, rows, qkv);
       if (L.qkv_bias) kernels::cuda::add_bias(qkv, L.qkv_bias, T, qkvw, s);
       kernels::cuda::rope_write_kv(qkv, pos, inv_freq_.as<float>(), T, static_cast<int>(c.num_heads),
                                    static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim),
                                    c.rope_style == RopeStyle::neox ? 0 : 1, cache.k(layer), cache.v(layer), slots, s);
-      // The attention kernels read q densely packed: take it out of the fused rows.
-      backend::cuda::check(cudaMemcpy2DAsync(q, static_cast<std::size_t>(qs) * 2, qkv, static_cast<std::size_t>(qkvw) * 2,
-                                             static_cast<std::size_t>(qs) * 2, static_cast<std::size_t>(T),
-                                             cudaMemcpyDeviceToDevice, stream()),
-                           "LlamaModel<cuda>: packing q");
       DeviceAttentionBatch b = attention_batch(layer, &cache, sh.width);
+      if (sh.prefill_rows > 0 || qkvw % 8 != 0) {
+        // The prefill kernel reads q densely packed (the decode kernel, 16-byte aligned rows): take it out of the fused rows.
+        backend::cuda::check(cudaMemcpy2DAsync(q, static_cast<std::size_t>(qs) * 2, qkv, static_cast<std::size_t>(qkvw) * 2,
+                                               static_cast<std::size_t>(qs) * 2, static_cast<std::size_t>(T),
+                                               cudaMemcpyDeviceToDevice, stream()),
+                             "LlamaModel<cuda>: packing q");
+      } else {
+        b.decode_q = qkv;  // decode-only: read q in place
+        b.decode_q_stride = qkvw;
+      }
       b.q = q;
       b.out = att;
       b.num_decode = sh.num_decode;
@@ -548,13 +575,13 @@ class LlamaModel<cuda, Q, Attn> {
       b.prefill_start = reinterpret_cast<const std::int32_t*>(meta + m.starts);
       Attn::attend(cuda{}, b);
       Q::matmul(ctx, L.o, att, rows, o);
-      kernels::cuda::add(x, o, T * H, s);
-      kernels::cuda::add_rmsnorm(x, nullptr, L.ffn_norm, T, H, eps, xn, s);
+      kernels::cuda::add_bf16_rmsnorm(x, o, L.ffn_norm, T, H, eps, xn, s);
       project(ctx, L.gate_up, xn, rows, gu);
       kernels::cuda::swiglu(gu, T, I, act, s);
       Q::matmul(ctx, L.down, act, rows, o);
-      kernels::cuda::add(x, o, T * H, s);
+      pending = o;
     }
+    if (pending) kernels::cuda::add(x, pending, T * H, s);
     // Final norm and LM head on the sampled rows.
     const float* last = x;
     if (!sh.identity_samples) {
@@ -563,7 +590,7 @@ class LlamaModel<cuda, Q, Attn> {
     }
     if (sh.S == 0) return;
     kernels::cuda::add_rmsnorm(const_cast<float*>(last), nullptr, output_norm_, sh.S, H, eps, lastn_.as<bf16>(), s);
-    if (sh.S <= kernels::cuda::kGemvMaxRows && kernels::cuda::bf16_gemv_supports(lm_head_, lastn_.data(), H))
+    if (sh.S <= kernels::cuda::kBf16GemvPreferredRows && kernels::cuda::bf16_gemv_supports(lm_head_, lastn_.data(), H))
       kernels::cuda::bf16_gemv(lm_head_, lastn_.as<bf16>(), sh.S, c.vocab_size, H, logits_.as<float>(), s);
     else
       gemm_.run(lastn_.as<bf16>(), lm_head_, logits_.as<float>(), sh.S, c.vocab_size, H, 0.0f, s);
@@ -631,6 +658,8 @@ class LlamaModel<cuda, Q, Attn> {
   std::map<std::int32_t, Graph> graphs_;
   const KvCache<cuda>* cache_of_graphs_ = nullptr;
   std::int64_t graph_steps_ = 0, eager_steps_ = 0;
+  std::unique_ptr<backend::cuda::EventTimer> step_timer_;
+  bool timed_ = false;
 };
 
 }  // namespace infer

@@ -2,7 +2,7 @@
 /// \file
 /// `detail::CudaLinear`: a linear layer's weight in the CUDA weight arena, row-major [out][in], either
 /// as bf16 or as GGUF blocks used in place — and the one matmul both of the CUDA Quantizers (Bf16,
-/// GgufInPlace) run: for bf16 the streaming GEMV at M ≤ 8 and cuBLASLt above, the fused dequantize-GEMV for GGUF blocks at M ≤ 8 and
+/// GgufInPlace) run: for bf16 the streaming GEMV at M = 1 and cuBLASLt above, the fused dequantize-GEMV for GGUF blocks at M ≤ 8 and
 /// dequantize-to-scratch + GEMM above. Also `load_stacked`, which puts several [out_i][in] tensors one
 /// after another into one weight (q, k, v → qkv; gate, up → gate_up), so a step runs one GEMM for them.
 
@@ -88,7 +88,7 @@ inline void cuda_matmul(CudaMatmulContext& ctx, const CudaLinear& w, const std::
                         std::uint16_t* y) {
   if (w.type == DType::bf16) {
     const auto* wd = static_cast<const std::uint16_t*>(w.data);
-    if (rows <= kernels::cuda::kGemvMaxRows && kernels::cuda::bf16_gemv_supports(wd, x, w.in_features))
+    if (rows <= kernels::cuda::kBf16GemvPreferredRows && kernels::cuda::bf16_gemv_supports(wd, x, w.in_features))
       kernels::cuda::bf16_gemv(wd, x, rows, w.out_features, w.in_features, y, ctx.stream);  // decode: bandwidth-bound
     else
       ctx.gemm->run(x, wd, y, rows, w.out_features, w.in_features, ctx.stream);

@@ -49,8 +49,11 @@ struct PagedKvBatch {
 /// Decode attention: out[s][h][:] = softmax_p(q[s][h] · K[p] · scale) · V[p] over p < seq_lens[s].
 /// q and out are [num_seqs][num_heads][head_dim] bf16 on the device. `workspace` (device, f32) must hold
 /// at least `paged_decode_workspace_bytes(batch, num_heads)` bytes. A sequence with seq_len <= 0 gets zeros.
+/// `q_row_stride`: elements from one sequence's q to the next (0: num_heads * head_dim, dense); a larger
+/// stride reads q where a fused QKV projection left it. A multiple of 8 (16-byte loads).
 void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, int num_heads, float scale,
-                            std::uint16_t* out, float* workspace, std::size_t workspace_bytes, void* stream);
+                            std::uint16_t* out, float* workspace, std::size_t workspace_bytes, void* stream,
+                            std::int64_t q_row_stride = 0);
 
 /// Prefill / chunked prefill: the queries of sequence s are rows q_indptr[s]..q_indptr[s+1]-1 of
 /// q [total_q][num_heads][head_dim] (bf16, device), at positions q_start[s] + i; query i attends to

@@ -93,6 +93,11 @@ void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t
 void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
 
+/// The rows up to which the decoder prefers `bf16_gemv` to cuBLASLt for bf16 weights. Measured on the
+/// H200 (bench/results/gpu-2026-12-03/kernels.log): at M = 1 the GEMV is 2-13% faster on Llama-3-8B's
+/// layers; at M = 8 it is 35-55% slower (each lane re-reads x's chunks, and the f32 sums grow with M).
+inline constexpr int kBf16GemvPreferredRows = 1;
+
 /// Whether `bf16_gemv` takes these operands: K a multiple of 8 and w, x 16-byte aligned (its loads).
 [[nodiscard]] inline bool bf16_gemv_supports(const void* w, const void* x, std::int64_t K) noexcept {
   return K % 8 == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0;

@@ -29,6 +29,12 @@ void embedding(const std::uint16_t* table_bf16, const std::int32_t* ids, std::in
 void add_rmsnorm(float* residual, const float* delta, const float* weight, std::int64_t rows, std::int64_t dim,
                  float eps, std::uint16_t* out_bf16, void* stream);
 
+/// add_rmsnorm with a bf16 delta (a projection's output): residual += f32(delta_bf16), then the norm. The
+/// decoder's residual add after attention and after the MLP, fused into the next norm (8-byte delta loads
+/// when dim % 4 == 0).
+void add_bf16_rmsnorm(float* residual, const std::uint16_t* delta_bf16, const float* weight, std::int64_t rows,
+                      std::int64_t dim, float eps, std::uint16_t* out_bf16, void* stream);
+
 /// RoPE on the fused QKV projection output and the KV-cache write, for T tokens.
 /// `qkv_bf16` is [T][(nq + 2 * nkv) * hd]: q heads, then k heads, then v heads. q and k are rotated in
 /// place (k is also left rotated in `qkv_bf16`, so a prefill attention kernel may read it from there);
