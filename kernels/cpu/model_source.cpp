@@ -159,9 +159,14 @@ ModelSource ModelSource::open(const std::filesystem::path& path) {
   return ModelSource(std::move(impl));
 }
 
-ModelSource ModelSource::dummy(ModelConfig config, std::uint64_t seed, std::string label) {
+ModelSource ModelSource::dummy(ModelConfig config, std::uint64_t seed, std::string label,
+                               std::optional<Tokenizer> tokenizer) {
   config.validate();
+  if (tokenizer && tokenizer->vocab_size() > static_cast<std::size_t>(config.vocab_size))
+    throw InvalidArgument(cat("dummy model '", label, "': the tokenizer has ", tokenizer->vocab_size(),
+                              " tokens, more than the model's vocabulary of ", config.vocab_size));
   auto impl = std::make_unique<Impl>();
+  impl->tokenizer = std::move(tokenizer);
   impl->config = std::move(config);
   impl->dummy_seed = seed;
   impl->dummy_label = std::move(label);

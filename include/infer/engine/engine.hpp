@@ -452,12 +452,19 @@ class Engine {
     o.token_ids.push_back(r.token);
     o.delta_token_ids.push_back(r.token);
     if (req.params.logprobs) o.logprobs.push_back(TokenLogprob{r.token, r.logprob, r.top_logprobs});
-    const StopResult sr = s.stop.push(r.token, s.detok ? s.detok->push(r.token) : std::string());
+    const StopResult sr = s.stop.push(r.token, detokenize(s, r.token));
     o.text += sr.emit;
     o.delta_text += sr.emit;
     FinishReason reason = sr.reason;
     if (reason == FinishReason::none && s.seq->len() >= s.seq->max_len) reason = FinishReason::length;
     if (reason != FinishReason::none) finish_sample(req, s, reason);
+  }
+
+  /// The text `token` adds to its sample. A model's vocabulary may be larger than its tokenizer's (padded
+  /// embeddings; a dummy model with a borrowed tokenizer): such ids have no text, as in HF tokenizers.
+  static std::string detokenize(Sample& s, std::int32_t token) {
+    if (!s.detok || static_cast<std::size_t>(token) >= s.detok->tokenizer().vocab_size()) return {};
+    return s.detok->push(token);
   }
 
   void finish_sample(RequestState& req, Sample& s, FinishReason reason) {

@@ -45,10 +45,14 @@ class ModelSource {
   /// UnsupportedError / NotFoundError from the readers, each naming the file concerned.
   static ModelSource open(const std::filesystem::path& path);
 
-  /// A model of `config`'s shape with seeded random weights (model/dummy.hpp) and no tokenizer: its
-  /// WeightTensors carry a DummyFill instead of bytes, which the Quantizer turns into values where it
-  /// stores them. FormatError when the config does not validate.
-  static ModelSource dummy(ModelConfig config, std::uint64_t seed = 0, std::string label = "dummy");
+  /// A model of `config`'s shape with seeded random weights (model/dummy.hpp): its WeightTensors carry
+  /// a DummyFill instead of bytes, which the Quantizer turns into values where it stores them. No
+  /// tokenizer unless one is given (vLLM's `--load-format dummy --tokenizer`: a server benchmark sends
+  /// text); its vocabulary may be smaller than the model's, and ids beyond it detokenize to nothing.
+  /// FormatError when the config does not validate; InvalidArgument when the tokenizer's vocabulary is
+  /// larger than the model's (its ids would be outside the embedding).
+  static ModelSource dummy(ModelConfig config, std::uint64_t seed = 0, std::string label = "dummy",
+                           std::optional<Tokenizer> tokenizer = std::nullopt);
 
   ModelSource(ModelSource&&) noexcept;
   ModelSource& operator=(ModelSource&&) noexcept;

@@ -42,6 +42,8 @@ class IncrementalDecoder {
   /// Whether bytes of an unfinished character are being held.
   [[nodiscard]] bool has_pending() const noexcept { return sanitizer_.has_pending(); }
 
+  [[nodiscard]] const Tokenizer& tokenizer() const noexcept { return *tok_; }
+
   /// Starts a new stream, dropping anything held.
   void reset() noexcept { sanitizer_.reset(); }
 
