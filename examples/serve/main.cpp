@@ -1,0 +1,182 @@
+// infer-serve: an OpenAI-compatible HTTP server over infer's engines (docs/serving.md).
+//
+//   infer-serve --model MODEL [--engine paged|static] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+//               [--served-model-name NAME]... [engine and cache flags of infer-generate]
+//   infer-serve --model MODEL --router CONFIG.json     several engines behind the hybrid router
+//   infer-serve --dummy llama3-8b --tokenizer MODEL --backend cuda   a model shape with random weights
+//
+// The socket is open while the model loads (/health answers 503 until it is ready). SIGTERM or SIGINT
+// drains: new requests get 503, running ones may finish for --drain-timeout seconds, the rest are
+// aborted, and the process exits 0. A second signal stops at once.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <csignal>
+#include <ctime>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "infer/model/dummy.hpp"
+#include "infer/serve/engine_handle.hpp"
+#include "infer/serve/engine_worker.hpp"
+#include "infer/serve/http_server.hpp"
+#include "infer/serve/router.hpp"
+
+namespace {
+
+/// Waits up to `ms` for SIGTERM/SIGINT (blocked in every thread, so only this wait sees them).
+bool signal_within(const sigset_t& set, long ms) {
+  timespec ts{ms / 1000, (ms % 1000) * 1000000L};
+  const int sig = sigtimedwait(&set, nullptr, &ts);
+  if (sig > 0) fmt::print(stderr, "infer-serve: received {}\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  return sig > 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"OpenAI-compatible HTTP server", "infer-serve"};
+  infer::serve::ModelSpec spec;
+  std::string kv_memory, router_config;
+  bool no_prefix_caching = false;
+  infer::LlmOptions llm;
+  infer::serve::ServerOptions so;
+  infer::serve::WorkerOptions wo;
+  double drain_timeout_s = 30;
+  std::size_t max_body = so.max_body_bytes;
+  auto* model_opt = app.add_option("--model,-m", spec.model, "a .gguf file or a Hugging Face model folder");
+  auto* dummy_opt = app.add_option("--dummy", spec.dummy,
+                                   std::string("or a model shape with seeded random weights (vLLM's --load-format dummy): ") +
+                                       std::string(infer::kDummyPresets) + ", or a config.json");
+  model_opt->excludes(dummy_opt);
+  app.add_option("--dummy-seed", spec.dummy_seed, "seed of the dummy weights");
+  app.add_option("--tokenizer", spec.tokenizer, "--dummy: the model file whose tokenizer turns text into ids");
+  app.add_option("--backend", spec.backend, "where the engine runs: cpu, or cuda (paged engine, block size 16)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--gpu-memory-utilization", llm.engine_options.gpu_memory_utilization,
+                 "cuda: fraction of device memory for weights, activations and the KV pool (without --kv-cache-memory)")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+  app.add_flag("--enforce-eager", llm.engine_options.enforce_eager, "cuda: run every step eagerly (no CUDA graphs)");
+  app.add_option("--engine", llm.engine, "paged (continuous batching) or static (fixed shape)")
+      ->check(CLI::IsMember({"paged", "static"}));
+  app.add_option("--block-size", llm.block_size, "paged engine: tokens per KV block (8, 16, 32)");
+  app.add_option("--kv-cache-memory", kv_memory,
+                 "KV cache size, e.g. 512M, 2G (default: 512M paged on the CPU, --gpu-memory-utilization on cuda; the shape's need, static)");
+  app.add_option("--max-model-len", llm.engine_options.max_model_len, "longest prompt + output (0 = the model's)");
+  app.add_option("--max-num-seqs", llm.engine_options.scheduler.max_num_seqs, "sequences per step at most");
+  app.add_option("--max-num-batched-tokens", llm.engine_options.scheduler.max_num_batched_tokens, "tokens per step at most");
+  app.add_flag("--no-prefix-caching", no_prefix_caching, "do not reuse KV blocks of identical prompt prefixes");
+  app.add_option("--chat-template", so.chat_template, "built-in template to use instead of the model's (chatml, llama3, mistral)");
+  app.add_option("--host", so.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", so.port, "port to listen on (0: any free port, printed at start)")->capture_default_str();
+  app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' on /v1/* (also $INFER_API_KEY)")
+      ->envname("INFER_API_KEY");
+  app.add_option("--served-model-name", so.served_model_names, "model name(s) clients use (default: the file's name)");
+  app.add_option("--max-waiting", wo.max_waiting, "requests waiting for a slot before new ones get 503")->capture_default_str();
+  app.add_option("--stall-timeout", wo.stall_timeout_s, "seconds without engine progress, with work queued, before /health is 503")
+      ->capture_default_str();
+  app.add_option("--drain-timeout", drain_timeout_s, "seconds running requests may take to finish after SIGTERM")
+      ->capture_default_str();
+  app.add_option("--http-threads", so.http_threads, "connections served at once")->capture_default_str();
+  app.add_option("--max-request-body", max_body, "largest request body in bytes (413 beyond)")->capture_default_str();
+  app.add_option("--max-choices", so.max_choices, "choices one request may ask for (prompts x n); 400 beyond")
+      ->capture_default_str();
+  app.add_option("--router", router_config, "a router config (JSON): several engines and the rules that pick one");
+  CLI11_PARSE(app, argc, argv);
+  llm.engine_options.enable_prefix_caching = !no_prefix_caching;
+  so.max_body_bytes = max_body;
+  so.model_path = spec.dummy.empty() ? spec.model.string() : spec.dummy;
+  if (so.served_model_names.empty()) so.served_model_names.push_back(spec.name());
+
+  // Block the shutdown signals before any thread exists, so every thread inherits the mask and only
+  // signal_within() receives them. A write to a closed socket must not kill the server.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  std::vector<std::unique_ptr<infer::serve::EngineWorker>> workers;
+  std::unique_ptr<infer::serve::OpenAIServer> server;
+  try {
+    spec.validate();
+    if (!kv_memory.empty()) llm.engine_options.kv_cache_bytes = infer::serve::parse_memory_size(kv_memory);
+    infer::serve::EngineSpec base{"default", llm, wo};
+    infer::serve::RouterConfig config;
+    if (router_config.empty()) {
+      base.worker.name = llm.engine;
+      base.name = llm.engine;
+      config.engines.push_back(base);
+      config.default_engine = base.name;
+    } else {
+      config = infer::serve::read_router_config(router_config, base);
+    }
+    std::vector<infer::serve::EngineWorker*> raw;
+    for (const auto& engine : config.engines) {
+      engine.llm.engine_options.validate();
+      workers.push_back(std::make_unique<infer::serve::EngineWorker>(
+          [spec, options = engine.llm] { return infer::serve::make_engine(spec, options); }, engine.worker));
+      raw.push_back(workers.back().get());
+    }
+    server = std::make_unique<infer::serve::OpenAIServer>(so, infer::serve::Router(config), raw);
+    if (!server->bind()) {
+      fmt::print(stderr, "infer-serve: cannot listen on {}:{} (address in use or invalid)\n", so.host, so.port);
+      return 1;
+    }
+    for (auto& w : workers) w->start();
+  } catch (const infer::Error& e) {
+    fmt::print(stderr, "infer-serve: {} error: {}\n", infer::to_string(e.code()), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "infer-serve: error: {}\n", e.what());
+    return 1;
+  }
+  fmt::print(stderr, "infer-serve: listening on http://{}:{} (loading {} on {})\n", so.host, server->port(),
+             so.model_path, spec.backend);
+  std::thread http([&] { server->serve(); });
+
+  auto shut_down = [&](int code) {
+    for (auto& w : workers) w->stop();  // aborts what is left; handlers waiting on it finish
+    server->stop();
+    http.join();
+    fmt::print(stderr, "infer-serve: stopped\n");
+    return code;
+  };
+
+  // Loading: a signal stops at once; a failed engine ends the server.
+  bool stop_now = false;
+  for (auto& w : workers) {
+    while (!w->wait_loaded(std::chrono::milliseconds(100))) {
+      if (w->state() == infer::serve::EngineWorker::State::failed) {
+        fmt::print(stderr, "infer-serve: engine '{}' failed to load: {}\n", w->name(), w->load_error());
+        return shut_down(1);
+      }
+      if (signal_within(signals, 0)) {
+        stop_now = true;
+        break;
+      }
+    }
+    if (stop_now) break;
+    const auto& i = w->info();
+    fmt::print(stderr, "infer-serve: engine '{}' ready ({}, max_model_len {}, {} KV blocks)\n", w->name(), i.kind,
+               i.max_model_len, w->snapshot().kv.total_blocks);
+  }
+  if (stop_now) return shut_down(0);
+
+  while (!signal_within(signals, 1000)) {
+  }
+  // Drain: refuse new requests, let running ones finish within the timeout.
+  fmt::print(stderr, "infer-serve: draining ({} requests outstanding, up to {} s)\n", server->outstanding(), drain_timeout_s);
+  for (auto& w : workers) w->begin_drain();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(drain_timeout_s);
+  while (server->outstanding() > 0 && std::chrono::steady_clock::now() < deadline)
+    if (signal_within(signals, 50)) break;
+  if (server->outstanding() > 0)
+    fmt::print(stderr, "infer-serve: aborting {} requests still outstanding\n", server->outstanding());
+  return shut_down(0);
+}

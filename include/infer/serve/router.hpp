@@ -1,0 +1,257 @@
+#pragma once
+/// \file
+/// The hybrid router: one server, several engines over the same model, each request sent to the engine
+/// a rule picks — for example the static engine (fixed shapes, no paging overhead) for short prompts
+/// and the paged engine for long prompts, long outputs or prompts that ask for more work — with
+/// fallback to the others when the chosen one is full, failed, or cannot run the request's shape.
+///
+/// A config (JSON, `infer-serve --router CONFIG.json`):
+///
+///   {"engines": [{"name": "short", "engine": "static"},
+///                {"name": "long",  "engine": "paged", "block_size": 16, "max_num_seqs": 64}],
+///    "rules":   [{"engine": "long", "min_prompt_tokens": 256},
+///                {"engine": "long", "keywords": ["step by step", "explain"]},
+///                {"engine": "long", "min_max_tokens": 256}],
+///    "default": "short",
+///    "fallback": ["long", "short"]}
+///
+/// Rules are tried in order; a rule matches when every condition it states holds; the first match
+/// wins, else `default`. The candidates for a request are its engine, then `fallback` in order (every
+/// other engine in config order when `fallback` is absent). Deciding is pure (`Router::candidates`),
+/// so rules are unit-tested without engines.
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "infer/engine/llm.hpp"
+#include "infer/serve/api_error.hpp"
+#include "infer/serve/engine_worker.hpp"
+
+namespace infer::serve {
+
+/// "512M", "2G", "1048576" → bytes (the --kv-cache-memory syntax of infer-generate).
+inline std::size_t parse_memory_size(const std::string& s, const std::string& what = "--kv-cache-memory") {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = s.substr(used);
+  const double mult = unit.empty() ? 1 : unit == "K" || unit == "KiB" ? 1024.0
+                                   : unit == "M" || unit == "MiB" ? 1048576.0
+                                   : unit == "G" || unit == "GiB" ? 1073741824.0 : -1;
+  if (used == 0 || mult < 0 || v <= 0)
+    throw InvalidArgument(infer::detail::cat(what, " '", s, "' is not a size like 512M or 2G"));
+  return static_cast<std::size_t>(v * mult);
+}
+
+/// One engine of a router config: how to build it and how it takes requests.
+struct EngineSpec {
+  std::string name;
+  LlmOptions llm;         ///< engine, block_size, engine_options (the infer-generate flags)
+  WorkerOptions worker;   ///< max_waiting, stall timeout
+};
+
+struct RouteRule {
+  std::string engine;
+  std::optional<std::int64_t> min_prompt_tokens, max_prompt_tokens;
+  std::optional<std::int64_t> min_max_tokens, max_max_tokens;
+  std::vector<std::string> keywords;  ///< any of them, case-insensitive, in the prompt text
+  std::optional<std::string> endpoint;  ///< "completions" or "chat"
+};
+
+/// What a rule looks at.
+struct RouteQuery {
+  std::int64_t prompt_tokens = 0;       ///< the longest prompt of the request
+  std::optional<std::int64_t> max_tokens;  ///< as the client asked (absent: the endpoint's default)
+  std::string text;                     ///< prompt text (or the messages' contents), for keywords
+  std::string endpoint;                 ///< "completions" or "chat"
+};
+
+struct RouterConfig {
+  std::vector<EngineSpec> engines;
+  std::vector<RouteRule> rules;
+  std::string default_engine;
+  std::vector<std::string> fallback;  ///< empty: every other engine, in config order
+};
+
+namespace detail {
+inline std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+}  // namespace detail
+
+/// Reads a router config; InvalidArgument names the field (e.g. "router config: rules[1].engine 'x' is
+/// not one of the engines"). `base` supplies what an engine entry leaves out (the command line's flags).
+inline RouterConfig parse_router_config(const nlohmann::json& j, const EngineSpec& base) {
+  using infer::detail::cat;
+  auto fail = [](const std::string& m) -> void { throw InvalidArgument("router config: " + m); };
+  if (!j.is_object()) fail("the config must be a JSON object");
+  RouterConfig c;
+  auto get_int = [&](const nlohmann::json& o, const char* key, const std::string& where) -> std::optional<std::int64_t> {
+    if (!o.contains(key) || o[key].is_null()) return std::nullopt;
+    if (!o[key].is_number_integer() && !o[key].is_number_unsigned()) fail(cat(where, ".", key, " must be an integer"));
+    const auto v = o[key].get<std::int64_t>();
+    if (v < 0 || v > std::numeric_limits<std::int32_t>::max()) fail(cat(where, ".", key, " = ", v, " is out of range"));
+    return v;
+  };
+  auto get_str = [&](const nlohmann::json& o, const char* key, const std::string& where) -> std::optional<std::string> {
+    if (!o.contains(key) || o[key].is_null()) return std::nullopt;
+    if (!o[key].is_string()) fail(cat(where, ".", key, " must be a string"));
+    return o[key].get<std::string>();
+  };
+  if (!j.contains("engines") || !j["engines"].is_array() || j["engines"].empty())
+    fail("'engines' must be a non-empty array");
+  static const std::vector<std::string> engine_keys{"name", "engine", "block_size", "kv_cache_memory", "max_model_len",
+                                                    "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
+                                                    "max_waiting"};
+  for (std::size_t i = 0; i < j["engines"].size(); ++i) {
+    const auto& e = j["engines"][i];
+    const std::string where = cat("engines[", i, "]");
+    if (!e.is_object()) fail(where + " must be an object");
+    for (const auto& [k, v] : e.items())
+      if (std::find(engine_keys.begin(), engine_keys.end(), k) == engine_keys.end())
+        fail(cat(where, " has an unknown key '", k, "'"));  // a typo here would silently change the engine
+    EngineSpec s = base;
+    s.name = get_str(e, "name", where).value_or("");
+    if (s.name.empty()) fail(where + ".name is required");
+    for (const auto& other : c.engines)
+      if (other.name == s.name) fail(cat(where, ".name '", s.name, "' is used twice"));
+    s.worker.name = s.name;
+    if (auto v = get_str(e, "engine", where)) s.llm.engine = *v;
+    if (s.llm.engine != "paged" && s.llm.engine != "static")
+      fail(cat(where, ".engine '", s.llm.engine, "' is unknown; choose paged or static"));
+    if (auto v = get_int(e, "block_size", where)) s.llm.block_size = static_cast<std::int32_t>(*v);
+    if (auto v = get_str(e, "kv_cache_memory", where)) s.llm.engine_options.kv_cache_bytes = parse_memory_size(*v, where + ".kv_cache_memory");
+    if (auto v = get_int(e, "max_model_len", where)) s.llm.engine_options.max_model_len = static_cast<std::int32_t>(*v);
+    if (auto v = get_int(e, "max_num_seqs", where)) s.llm.engine_options.scheduler.max_num_seqs = static_cast<std::int32_t>(*v);
+    if (auto v = get_int(e, "max_num_batched_tokens", where))
+      s.llm.engine_options.scheduler.max_num_batched_tokens = static_cast<std::int32_t>(*v);
+    if (e.contains("enable_prefix_caching")) {
+      if (!e["enable_prefix_caching"].is_boolean()) fail(where + ".enable_prefix_caching must be a boolean");
+      s.llm.engine_options.enable_prefix_caching = e["enable_prefix_caching"].get<bool>();
+    }
+    if (auto v = get_int(e, "max_waiting", where)) {
+      if (*v < 1) fail(where + ".max_waiting must be >= 1");
+      s.worker.max_waiting = static_cast<std::size_t>(*v);
+    }
+    c.engines.push_back(std::move(s));
+  }
+  auto known = [&](const std::string& name) {
+    return std::any_of(c.engines.begin(), c.engines.end(), [&](const EngineSpec& s) { return s.name == name; });
+  };
+  if (j.contains("rules")) {
+    if (!j["rules"].is_array()) fail("'rules' must be an array");
+    for (std::size_t i = 0; i < j["rules"].size(); ++i) {
+      const auto& r = j["rules"][i];
+      const std::string where = cat("rules[", i, "]");
+      if (!r.is_object()) fail(where + " must be an object");
+      RouteRule rule;
+      rule.engine = get_str(r, "engine", where).value_or("");
+      if (!known(rule.engine)) fail(cat(where, ".engine '", rule.engine, "' is not one of the engines"));
+      rule.min_prompt_tokens = get_int(r, "min_prompt_tokens", where);
+      rule.max_prompt_tokens = get_int(r, "max_prompt_tokens", where);
+      rule.min_max_tokens = get_int(r, "min_max_tokens", where);
+      rule.max_max_tokens = get_int(r, "max_max_tokens", where);
+      rule.endpoint = get_str(r, "endpoint", where);
+      if (rule.endpoint && *rule.endpoint != "chat" && *rule.endpoint != "completions")
+        fail(cat(where, ".endpoint '", *rule.endpoint, "' is unknown; use chat or completions"));
+      if (r.contains("keywords")) {
+        if (!r["keywords"].is_array()) fail(where + ".keywords must be an array of strings");
+        for (const auto& k : r["keywords"]) {
+          if (!k.is_string() || k.get<std::string>().empty()) fail(where + ".keywords must be non-empty strings");
+          rule.keywords.push_back(detail::lower(k.get<std::string>()));
+        }
+      }
+      c.rules.push_back(std::move(rule));
+    }
+  }
+  c.default_engine = get_str(j, "default", "config").value_or(c.engines.front().name);
+  if (!known(c.default_engine)) fail(cat("default '", c.default_engine, "' is not one of the engines"));
+  if (j.contains("fallback")) {
+    if (!j["fallback"].is_array()) fail("'fallback' must be an array of engine names");
+    for (const auto& f : j["fallback"]) {
+      if (!f.is_string() || !known(f.get<std::string>())) fail(cat("fallback entry ", f.dump(), " is not one of the engines"));
+      c.fallback.push_back(f.get<std::string>());
+    }
+  }
+  return c;
+}
+
+inline RouterConfig read_router_config(const std::string& path, const EngineSpec& base) {
+  std::ifstream in(path);
+  if (!in) throw IoError("cannot read router config '" + path + "'");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(infer::detail::cat("router config '", path, "' is not valid JSON: ", e.what()));
+  }
+  return parse_router_config(j, base);
+}
+
+/// The decision: which engines to try, in order. Indices into config.engines.
+class Router {
+ public:
+  explicit Router(RouterConfig config) : config_(std::move(config)) {}
+
+  [[nodiscard]] const RouterConfig& config() const noexcept { return config_; }
+
+  [[nodiscard]] static bool matches(const RouteRule& r, const RouteQuery& q) {
+    if (r.min_prompt_tokens && q.prompt_tokens < *r.min_prompt_tokens) return false;
+    if (r.max_prompt_tokens && q.prompt_tokens > *r.max_prompt_tokens) return false;
+    if (r.min_max_tokens && (!q.max_tokens || *q.max_tokens < *r.min_max_tokens)) return false;
+    if (r.max_max_tokens && (!q.max_tokens || *q.max_tokens > *r.max_max_tokens)) return false;
+    if (r.endpoint && *r.endpoint != q.endpoint) return false;
+    if (!r.keywords.empty()) {
+      const std::string text = detail::lower(q.text);
+      if (std::none_of(r.keywords.begin(), r.keywords.end(),
+                       [&](const std::string& k) { return text.find(k) != std::string::npos; }))
+        return false;
+    }
+    return true;
+  }
+
+  /// The engine the rules pick, then the fallbacks.
+  [[nodiscard]] std::vector<std::size_t> candidates(const RouteQuery& q) const {
+    std::string first = config_.default_engine;
+    for (const auto& r : config_.rules)
+      if (matches(r, q)) {
+        first = r.engine;
+        break;
+      }
+    std::vector<std::size_t> out{index_of(first)};
+    auto add = [&](std::size_t i) {
+      if (std::find(out.begin(), out.end(), i) == out.end()) out.push_back(i);
+    };
+    if (config_.fallback.empty()) {
+      for (std::size_t i = 0; i < config_.engines.size(); ++i) add(i);
+    } else {
+      for (const auto& f : config_.fallback) add(index_of(f));
+    }
+    return out;
+  }
+
+  [[nodiscard]] std::size_t index_of(const std::string& name) const {
+    for (std::size_t i = 0; i < config_.engines.size(); ++i)
+      if (config_.engines[i].name == name) return i;
+    throw NotFoundError("router: no engine named '" + name + "'");
+  }
+
+ private:
+  RouterConfig config_;
+};
+
+}  // namespace infer::serve

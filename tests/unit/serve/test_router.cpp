@@ -1,0 +1,103 @@
+// The hybrid router's decisions (rules in order, default, fallback order) and its config's checks.
+#include <catch2/catch.hpp>
+
+#include "infer/serve/router.hpp"
+
+using namespace infer;
+using namespace infer::serve;
+using Catch::Contains;
+using nlohmann::json;
+
+namespace {
+const json config = {
+    {"engines", {{{"name", "short"}, {"engine", "static"}}, {{"name", "long"}, {"engine", "paged"}, {"block_size", 16}},
+                 {{"name", "spare"}, {"engine", "paged"}, {"max_waiting", 4}, {"kv_cache_memory", "64M"}}}},
+    {"rules",
+     {{{"engine", "long"}, {"min_prompt_tokens", 256}},
+      {{"engine", "long"}, {"keywords", {"Step By Step", "explain"}}},
+      {{"engine", "long"}, {"min_max_tokens", 200}},
+      {{"engine", "spare"}, {"endpoint", "completions"}, {"max_prompt_tokens", 2}}}},
+    {"default", "short"},
+    {"fallback", {"long", "spare"}}};
+EngineSpec base_spec() {
+  EngineSpec s;
+  s.llm.engine_options.max_model_len = 2048;
+  return s;
+}
+RouteQuery query(std::int64_t prompt, std::optional<std::int64_t> max_tokens = std::nullopt, std::string text = "hello",
+                 std::string endpoint = "chat") {
+  return RouteQuery{prompt, max_tokens, std::move(text), std::move(endpoint)};
+}
+}  // namespace
+
+TEST_CASE("a config becomes engine specs over the command line's defaults", "[serve][router]") {
+  const RouterConfig c = parse_router_config(config, base_spec());
+  REQUIRE(c.engines.size() == 3);
+  CHECK(c.engines[0].llm.engine == "static");
+  CHECK(c.engines[1].llm.block_size == 16);
+  CHECK(c.engines[2].worker.max_waiting == 4);
+  CHECK(c.engines[2].worker.name == "spare");
+  CHECK(c.engines[2].llm.engine_options.kv_cache_bytes == std::size_t{64} << 20);
+  CHECK(c.engines[0].llm.engine_options.max_model_len == 2048);  // inherited
+}
+
+TEST_CASE("rules in order, then the default; fallbacks follow", "[serve][router]") {
+  const Router r(parse_router_config(config, base_spec()));
+  using V = std::vector<std::size_t>;
+  CHECK(r.candidates(query(20)) == V{0, 1, 2});              // short prompt: the default, then the fallbacks
+  CHECK(r.candidates(query(300)) == V{1, 2});                // long prompt
+  CHECK(r.candidates(query(20, 50, "Explain this")) == V{1, 2});  // keyword, case-insensitive
+  CHECK(r.candidates(query(20, 50, "do it STEP BY STEP")) == V{1, 2});
+  CHECK(r.candidates(query(20, 200)) == V{1, 2});            // long output
+  CHECK(r.candidates(query(20, 199)) == V{0, 1, 2});
+  CHECK(r.candidates(query(2, 10, "x", "completions")) == V{2, 1});  // endpoint + max prompt
+  CHECK(r.candidates(query(2, 10, "x", "chat")) == V{0, 1, 2});
+}
+
+TEST_CASE("without a fallback list every other engine is tried in config order", "[serve][router]") {
+  json c = config;
+  c.erase("fallback");
+  const Router r(parse_router_config(c, base_spec()));
+  CHECK(r.candidates(query(300)) == std::vector<std::size_t>{1, 0, 2});
+}
+
+TEST_CASE("config mistakes are named", "[serve][router]") {
+  auto error = [](json c) {
+    try {
+      (void)parse_router_config(c, base_spec());
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(error(json::object()), Contains("'engines'"));
+  json c = config;
+  c["rules"][1]["engine"] = "nope";
+  CHECK_THAT(error(c), Contains("rules[1].engine 'nope'"));
+  c = config;
+  c["engines"][1]["blocksize"] = 16;
+  CHECK_THAT(error(c), Contains("unknown key 'blocksize'"));
+  c = config;
+  c["engines"][1]["name"] = "short";
+  CHECK_THAT(error(c), Contains("used twice"));
+  c = config;
+  c["engines"][0]["engine"] = "turbo";
+  CHECK_THAT(error(c), Contains("engines[0].engine 'turbo'"));
+  c = config;
+  c["default"] = "x";
+  CHECK_THAT(error(c), Contains("default 'x'"));
+  c = config;
+  c["engines"][2]["kv_cache_memory"] = "lots";
+  CHECK_THAT(error(c), Contains("kv_cache_memory"));
+  c = config;
+  c["rules"][0]["min_prompt_tokens"] = -3;
+  CHECK_THAT(error(c), Contains("min_prompt_tokens"));
+}
+
+TEST_CASE("memory sizes", "[serve][router]") {
+  CHECK(parse_memory_size("512M") == std::size_t{512} << 20);
+  CHECK(parse_memory_size("2G") == std::size_t{2} << 30);
+  CHECK(parse_memory_size("1048576") == 1048576);
+  CHECK_THROWS_AS(parse_memory_size("big"), InvalidArgument);
+  CHECK_THROWS_AS(parse_memory_size("-1M"), InvalidArgument);
+}
