@@ -64,7 +64,7 @@ case "${1:-}" in
       --http-threads 512 --no-prefix-caching >"$log" 2>&1 &
     server=$!
     for _ in $(seq 1 120); do  # /health is 503 while the weights load and the graphs are captured
-      curl -sf http://127.0.0.1:$port/health >/dev/null && break
+      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break
       sleep 0.5
     done
     # Rates below, near and above what the engine sustains for 512 in / 128 out (about 100 requests/s
@@ -75,7 +75,7 @@ case "${1:-}" in
         --random-input-len 512 --random-output-len 128 --goodput ttft:500 tpot:50 --label "llama3-8b dummy, rate $1" \
         --result-file "$out/serve-llama3-8b-512-128-rate$1.json"
     done
-    curl -s http://127.0.0.1:$port/metrics | grep -E '^infer:(kv_cache_usage|num_requests|request_success|generation_tokens)' | head -20
+    python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" | grep -E '^infer:(kv_cache_usage|num_requests|request_success|generation_tokens)' | head -20
     kill -TERM $server
     wait $server || { echo "FAILED: infer-serve exited $?"; fail=1; }
     tail -5 "$log"
