@@ -173,17 +173,5 @@ int main(int argc, char** argv) {
   app.add_option("--num-iters", f.iters, "batches measured (medians reported)")->check(CLI::PositiveNumber);
   app.add_option("--bandwidth", f.bandwidth, "memory bandwidth for the floor, bytes/s (H200 copy: 4.27e12)");
   CLI11_PARSE(app, argc, argv);
-  try {
-    if (mf.backend == "cpu") return run<PagedEngine<cpu, 16>>(mf, f);
-#if defined(INFER_HAVE_CUDA)
-    if (mf.quantizer == "bf16") return run<PagedEngine<cuda, 16, Bf16>>(mf, f);
-    return run<PagedEngine<cuda, 16>>(mf, f);
-#else
-    std::fprintf(stderr, "infer-bench-latency: this build has no CUDA backend; use --backend cpu\n");
-    return 2;
-#endif
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "infer-bench-latency: %s\n", e.what());
-    return 1;
-  }
+  return bench::with_engine("infer-bench-latency", mf, [&]<class E>() { return run<E>(mf, f); });
 }

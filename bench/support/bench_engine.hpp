@@ -1,9 +1,9 @@
 #pragma once
 /// \file
 /// What infer-bench-latency and infer-bench-throughput share: the model and engine flags (a file or a
-/// `--dummy` shape, backend, KV and scheduler limits), building the model source and the options from
-/// them, random prompts, the run's identity for the JSON record (commit, device, settings), percentiles,
-/// and writing the record.
+/// `--dummy` shape, backend, KV and scheduler limits), building the model source, the options and the
+/// engine type from them, random prompts, the run's identity for the JSON record (commit, device,
+/// settings), percentiles, and writing the record.
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "infer/engine/engine_options.hpp"
+#include "infer/engine/presets.hpp"
 #include "infer/model/dummy.hpp"
 #include "infer/model/model_source.hpp"
 
@@ -149,6 +152,26 @@ inline double mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
   return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+/// Calls `body.template operator()<E>()` with the engine the flags name — PagedEngine<cpu, 16>, or on
+/// cuda PagedEngine<cuda, 16> with GGUF blocks in place (auto) or everything bf16 — and returns its exit
+/// code; an exception is printed as "program: message" (exit 1), a CUDA-less build asked for cuda exits 2.
+template <class Body>
+int with_engine(const char* program, const ModelFlags& mf, Body&& body) {
+  try {
+    if (mf.backend == "cpu") return body.template operator()<PagedEngine<cpu, 16>>();
+#if defined(INFER_HAVE_CUDA)
+    if (mf.quantizer == "bf16") return body.template operator()<PagedEngine<cuda, 16, Bf16>>();
+    return body.template operator()<PagedEngine<cuda, 16>>();
+#else
+    std::fprintf(stderr, "%s: this build has no CUDA backend; use --backend cpu\n", program);
+    return 2;
+#endif
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
+  }
 }
 
 /// Writes `doc` to `path` (creating its folder); no-op for an empty path.

@@ -148,17 +148,5 @@ int main(int argc, char** argv) {
   app.add_option("--dataset", f.dataset, "JSONL: {\"prompt\": text | \"prompt_ids\": [...], \"output_len\": n}");
   app.add_flag("--honor-eos", f.honor_eos, "dataset runs: stop at EOS instead of generating output_len tokens");
   CLI11_PARSE(app, argc, argv);
-  try {
-    if (mf.backend == "cpu") return run<PagedEngine<cpu, 16>>(mf, f);
-#if defined(INFER_HAVE_CUDA)
-    if (mf.quantizer == "bf16") return run<PagedEngine<cuda, 16, Bf16>>(mf, f);
-    return run<PagedEngine<cuda, 16>>(mf, f);
-#else
-    std::fprintf(stderr, "infer-bench-throughput: this build has no CUDA backend; use --backend cpu\n");
-    return 2;
-#endif
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "infer-bench-throughput: %s\n", e.what());
-    return 1;
-  }
+  return bench::with_engine("infer-bench-throughput", mf, [&]<class E>() { return run<E>(mf, f); });
 }
