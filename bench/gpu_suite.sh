@@ -59,7 +59,7 @@ case "${1:-}" in
   serve)
     port=8011
     log=$out/serve-llama3-8b-server.log
-    "$bin"/infer-serve --dummy llama3-8b --tokenizer models/SmolLM2-135M-Instruct.Q4_1.gguf --backend cuda \
+    "$bin"/infer-serve --dummy llama3-8b --tokenizer tests/fixtures/smollm2/tokenizer.json --backend cuda \
       --port $port --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 4096 --max-waiting 1024 \
       --http-threads 512 --no-prefix-caching >"$log" 2>&1 &
     server=$!

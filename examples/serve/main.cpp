@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
                                        std::string(infer::kDummyPresets) + ", or a config.json");
   model_opt->excludes(dummy_opt);
   app.add_option("--dummy-seed", spec.dummy_seed, "seed of the dummy weights");
-  app.add_option("--tokenizer", spec.tokenizer, "--dummy: the model file whose tokenizer turns text into ids");
+  app.add_option("--tokenizer", spec.tokenizer, "--dummy: a model file (its tokenizer) or an HF tokenizer.json that turns text into ids");
   app.add_option("--backend", spec.backend, "where the engine runs: cpu, or cuda (paged engine, block size 16)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();

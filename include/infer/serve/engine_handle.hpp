@@ -93,7 +93,8 @@ class EngineAdapter final : public EngineHandle {
 
 /// What a server engine loads and where it runs: a model file, or a `dummy` shape (a preset name or a
 /// config.json, seeded random weights, as vLLM's `--load-format dummy`) with the tokenizer of
-/// `tokenizer` (a model file) so that text prompts work; on backend "cpu" or "cuda".
+/// `tokenizer` (a model file, or an HF tokenizer.json) so that text prompts work; on backend "cpu" or
+/// "cuda".
 struct ModelSpec {
   std::filesystem::path model{};
   std::string dummy{};
@@ -120,7 +121,9 @@ struct ModelSpec {
   [[nodiscard]] ModelSource open() const {
     if (dummy.empty()) return ModelSource::open(model);
     std::optional<Tokenizer> tok;
-    if (!tokenizer.empty()) {
+    if (tokenizer.extension() == ".json") {
+      tok.emplace(Tokenizer::from_hf_json(tokenizer));
+    } else if (!tokenizer.empty()) {
       const ModelSource donor = ModelSource::open(tokenizer);
       if (!donor.tokenizer()) throw InvalidArgument(infer::detail::cat(donor.describe(), " has no tokenizer"));
       tok.emplace(*donor.tokenizer());  // shares its tables; outlives the donor

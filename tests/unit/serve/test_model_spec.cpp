@@ -71,6 +71,15 @@ TEST_CASE("A dummy model borrows a tokenizer: text prompts work and unknown ids 
   REQUIRE(donor.tokenizer());
   const auto tok_vocab = static_cast<std::int64_t>(donor.tokenizer()->vocab_size());
 
+  SECTION("an HF tokenizer.json serves as well as a model file") {
+    const ModelSpec spec{.dummy = write_config(tok_vocab).string(),
+                         .tokenizer = infer::test::fixture("smollm2/tokenizer.json")};
+    const ModelSource source = spec.open();
+    REQUIRE(source.tokenizer());
+    CHECK(source.tokenizer()->vocab_size() == donor.tokenizer()->vocab_size());
+    CHECK(source.tokenizer()->decode(donor.tokenizer()->encode("Hello world"), true) == "Hello world");
+  }
+
   SECTION("a tokenizer larger than the model's vocabulary is refused") {
     const ModelSpec small{.dummy = write_config(tok_vocab / 2).string(), .tokenizer = model};
     CHECK_THROWS_WITH(small.open(), Catch::Contains("more than the model's vocabulary"));
