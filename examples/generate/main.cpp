@@ -62,24 +62,6 @@ std::vector<Prompt> read_prompts(const std::string& path, bool chat) {
   return out;
 }
 
-/// "512M", "2G", "1048576" → bytes.
-std::size_t parse_bytes(const std::string& s) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = s.substr(used);
-  double mult = unit.empty() ? 1 : unit == "K" || unit == "KiB" ? 1024.0
-                                 : unit == "M" || unit == "MiB" ? 1048576.0
-                                 : unit == "G" || unit == "GiB" ? 1073741824.0 : -1;
-  if (used == 0 || mult < 0 || v <= 0)
-    throw infer::InvalidArgument(infer::detail::cat("--kv-cache-memory '", s, "' is not a size like 512M or 2G"));
-  return static_cast<std::size_t>(v * mult);
-}
-
 json kv_json(const infer::KvStats& k) {
   return {{"block_size", k.block_size},         {"total_blocks", k.total_blocks},
           {"free_blocks", k.free_blocks},       {"cached_blocks", k.cached_blocks},
@@ -133,7 +115,7 @@ int main(int argc, char** argv) {
   opt.engine_options.enable_prefix_caching = !no_prefix_caching;
 
   try {
-    if (!kv_memory.empty()) opt.engine_options.kv_cache_bytes = parse_bytes(kv_memory);
+    if (!kv_memory.empty()) opt.engine_options.kv_cache_bytes = infer::parse_memory_size(kv_memory);
     std::vector<Prompt> prompts;
     for (const auto& p : prompt_args)
       prompts.push_back({p, chat ? std::vector<infer::ChatMessage>{{"user", p}} : std::vector<infer::ChatMessage>{}});

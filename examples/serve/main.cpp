@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<infer::serve::OpenAIServer> server;
   try {
     spec.validate();
-    if (!kv_memory.empty()) llm.engine_options.kv_cache_bytes = infer::serve::parse_memory_size(kv_memory);
+    if (!kv_memory.empty()) llm.engine_options.kv_cache_bytes = infer::parse_memory_size(kv_memory);
     infer::serve::EngineSpec base{"default", llm, wo};
     infer::serve::RouterConfig config;
     if (router_config.empty()) {

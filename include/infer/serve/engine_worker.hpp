@@ -360,7 +360,7 @@ class EngineWorker {
         const FinishReason r = !out.error.empty() ? FinishReason::error
                                : out.outputs.empty() ? FinishReason::abort
                                                      : out.outputs.front().finish_reason;
-        metrics_.finished.add(finish_reason_label(r));
+        metrics_.finished.add(std::string(to_string(r)));
         metrics_.e2e.observe(std::chrono::duration<double>(now - it->second.submitted).count());
       }
       auto stream = it->second.stream;
@@ -370,17 +370,6 @@ class EngineWorker {
       }
       stream->push(std::move(ev));
     }
-  }
-
-  static const char* finish_reason_label(FinishReason r) {
-    switch (r) {
-      case FinishReason::stop: return "stop";
-      case FinishReason::length: return "length";
-      case FinishReason::abort: return "abort";
-      case FinishReason::error: return "error";
-      case FinishReason::none: break;
-    }
-    return "none";
   }
 
   void publish_locked(const EngineHandle& engine) {

@@ -362,20 +362,28 @@ class OpenAIServer {
       }
     }
     Admitted a = submit(prompts, r, /*chat=*/false, q);
+    ExchangeSetup s = exchange_setup(r, /*chat=*/false, model, a.engine, prompts);
+    s.echo = std::move(echo);
+    respond(res, std::make_shared<Exchange>(std::move(s), std::move(a.streams)), r.stream, workers_[a.engine]->name());
+  }
+
+  /// What both endpoints' exchanges are set up with, from a parsed completion or chat request.
+  template <class Request>
+  ExchangeSetup exchange_setup(const Request& r, bool chat, const std::string& model, std::size_t engine,
+                               const std::vector<std::vector<std::int32_t>>& prompts) const {
     ExchangeSetup s;
-    s.chat = false;
+    s.chat = chat;
     s.stream = r.stream;
     s.stream_options = r.stream_options;
     s.logprobs = r.logprobs;
     s.top_logprobs = r.params.logprobs.value_or(0);
     s.n = r.params.n;
-    s.id = make_response_id("cmpl");
+    s.id = make_response_id(chat ? "chatcmpl" : "cmpl");
     s.model = model;
     s.created = unix_time_now();
-    s.tokenizer = workers_[a.engine]->tokenizer();
-    s.echo = std::move(echo);
+    s.tokenizer = workers_[engine]->tokenizer();
     for (const auto& p : prompts) s.prompt_tokens.push_back(static_cast<std::int32_t>(p.size()));
-    respond(res, std::make_shared<Exchange>(std::move(s), std::move(a.streams)), r.stream, workers_[a.engine]->name());
+    return s;
   }
 
   void chat_completions(const httplib::Request& req, httplib::Response& res) {
@@ -389,18 +397,7 @@ class OpenAIServer {
     q.prompt_tokens = static_cast<std::int64_t>(prompts[0].size());
     for (const auto& m : r.messages) q.text += m.content + "\n";
     Admitted a = submit(prompts, r, /*chat=*/true, q);
-    ExchangeSetup s;
-    s.chat = true;
-    s.stream = r.stream;
-    s.stream_options = r.stream_options;
-    s.logprobs = r.logprobs;
-    s.top_logprobs = r.params.logprobs.value_or(0);
-    s.n = r.params.n;
-    s.id = make_response_id("chatcmpl");
-    s.model = model;
-    s.created = unix_time_now();
-    s.tokenizer = workers_[a.engine]->tokenizer();
-    s.prompt_tokens.push_back(static_cast<std::int32_t>(prompts[0].size()));
+    ExchangeSetup s = exchange_setup(r, /*chat=*/true, model, a.engine, prompts);
     respond(res, std::make_shared<Exchange>(std::move(s), std::move(a.streams)), r.stream, workers_[a.engine]->name());
   }
 

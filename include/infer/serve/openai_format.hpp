@@ -47,18 +47,8 @@ inline std::int64_t unix_time_now() {
 
 /// OpenAI's finish reasons are "stop" and "length"; an aborted request has no client left to read it,
 /// and a failed one is reported as an error, so those two names only appear in logs and metrics.
-inline const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::stop: return "stop";
-    case FinishReason::length: return "length";
-    case FinishReason::abort: return "abort";
-    case FinishReason::error: return "error";
-    case FinishReason::none: break;
-  }
-  return "none";
-}
 inline json finish_reason_json(FinishReason r) {
-  return r == FinishReason::none ? json(nullptr) : json(finish_reason_name(r));
+  return r == FinishReason::none ? json(nullptr) : json(std::string(to_string(r)));
 }
 
 /// One choice of a non-streaming response, accumulated from stream deltas.

@@ -38,24 +38,6 @@
 
 namespace infer::serve {
 
-/// "512M", "2G", "1048576" → bytes (the --kv-cache-memory syntax of infer-generate).
-inline std::size_t parse_memory_size(const std::string& s, const std::string& what = "--kv-cache-memory") {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = s.substr(used);
-  const double mult = unit.empty() ? 1 : unit == "K" || unit == "KiB" ? 1024.0
-                                   : unit == "M" || unit == "MiB" ? 1048576.0
-                                   : unit == "G" || unit == "GiB" ? 1073741824.0 : -1;
-  if (used == 0 || mult < 0 || v <= 0)
-    throw InvalidArgument(infer::detail::cat(what, " '", s, "' is not a size like 512M or 2G"));
-  return static_cast<std::size_t>(v * mult);
-}
-
 /// One engine of a router config: how to build it and how it takes requests.
 struct EngineSpec {
   std::string name;
