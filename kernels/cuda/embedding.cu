@@ -9,6 +9,7 @@
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/ops.hpp"
+#include "chained_launch.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -22,6 +23,8 @@ __device__ __forceinline__ float hi_bf16(unsigned w) { return __uint_as_float(w 
 /// `chunks_per_row` chunks of 8 values per row; table and out rows 16-byte aligned (dim % 8 == 0).
 __global__ void embedding_vec_kernel(const uint4* __restrict__ table, const std::int32_t* __restrict__ ids,
                                      std::int64_t n, std::int64_t chunks_per_row, float4* __restrict__ out) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  chained::allow_next_kernel_launch();
   const std::int64_t total = n * chunks_per_row;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -34,6 +37,8 @@ __global__ void embedding_vec_kernel(const uint4* __restrict__ table, const std:
 
 __global__ void embedding_scalar_kernel(const std::uint16_t* __restrict__ table, const std::int32_t* __restrict__ ids,
                                         std::int64_t n, std::int64_t dim, float* __restrict__ out) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  chained::allow_next_kernel_launch();
   const std::int64_t total = n * dim;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -62,10 +67,10 @@ void embedding(const std::uint16_t* table_bf16, const std::int32_t* ids, std::in
                    reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
   if (vec) {
     const std::int64_t chunks = dim / 8;
-    embedding_vec_kernel<<<grid_for(n * chunks), kThreads, 0, s>>>(reinterpret_cast<const uint4*>(table_bf16), ids,
-                                                                     n, chunks, reinterpret_cast<float4*>(out));
+    chained::launch(embedding_vec_kernel, grid_for(n * chunks), kThreads, 0, s,
+                    reinterpret_cast<const uint4*>(table_bf16), ids, n, chunks, reinterpret_cast<float4*>(out));
   } else {
-    embedding_scalar_kernel<<<grid_for(n * dim), kThreads, 0, s>>>(table_bf16, ids, n, dim, out);
+    chained::launch(embedding_scalar_kernel, grid_for(n * dim), kThreads, 0, s, table_bf16, ids, n, dim, out);
   }
   backend::cuda::check(cudaGetLastError(), "cuda::embedding: kernel launch");
 }

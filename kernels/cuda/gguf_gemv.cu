@@ -23,6 +23,7 @@
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
 #include "infer/quant/gguf_blocks.hpp"
+#include "chained_launch.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -197,6 +198,8 @@ template <DType T, int MM>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __restrict__ w,
                                                         const std::uint16_t* __restrict__ x, std::int64_t N,
                                                         std::int64_t K, std::uint16_t* __restrict__ y, int stage_x) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  chained::allow_next_kernel_launch();
   using F = Fmt<T>;
   constexpr int kBuf = buf_bytes<F>();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -362,7 +365,8 @@ void launch(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t 
   const std::int64_t wanted = (N + kWarps - 1) / kWarps;
   const std::int64_t resident = static_cast<std::int64_t>(sms) * per_sm;
   const auto grid = static_cast<unsigned>(wanted < resident ? wanted : resident);
-  kernel<<<grid, kThreads, smem, stream>>>(static_cast<const unsigned char*>(w), x, N, K, y, stage ? 1 : 0);
+  chained::launch(kernel, grid, kThreads, smem, stream, static_cast<const unsigned char*>(w), x, N, K, y,
+                  stage ? 1 : 0);
   check(cudaGetLastError(), T, "kernel launch");
 }
 

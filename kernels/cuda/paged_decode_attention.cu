@@ -15,6 +15,7 @@
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/attention.hpp"
+#include "chained_launch.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -75,6 +76,8 @@ __device__ __forceinline__ uint4 load_nc(const std::uint16_t* p) {
 
 template <int D, int GT>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodeParams p) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  chained::allow_next_kernel_launch();
   constexpr int TPR = D / 8;          // lanes per K/V row
   constexpr int RPW = 32 / TPR;       // rows per warp per step
   constexpr int ROWS = kWarps * RPW;  // rows per block per step (= lane groups)
@@ -246,6 +249,8 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
 /// One block per (head, sequence), one thread per dim: combines the splits that hold positions.
 template <int D>
 __global__ void __launch_bounds__(D) paged_decode_merge_kernel(const DecodeParams p) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  chained::allow_next_kernel_launch();
   const int h = static_cast<int>(blockIdx.x);
   const int seq = static_cast<int>(blockIdx.y);
   const int d = static_cast<int>(threadIdx.x);
@@ -368,10 +373,10 @@ template <int D, int GT>
 void launch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs));
-  paged_decode_kernel<D, GT><<<grid, kThreads, 0, stream>>>(p);
+  chained::launch(paged_decode_kernel<D, GT>, grid, kThreads, 0, stream, p);
   if (p.splits > 1)
-    paged_decode_merge_kernel<D>
-        <<<dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs)), D, 0, stream>>>(p);
+    chained::launch(paged_decode_merge_kernel<D>,
+                    dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs)), D, 0, stream, p);
 }
 
 template <int D>

@@ -10,6 +10,7 @@
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/ops.hpp"
+#include "chained_launch.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -42,6 +43,8 @@ template <bool kVec, class Delta>
 __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __restrict__ delta,
                                    const float* __restrict__ weight, std::int64_t dim, float eps,
                                    std::uint16_t* __restrict__ out) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  chained::allow_next_kernel_launch();
   __shared__ float scratch[32];
   const std::int64_t row = blockIdx.x;
   float* x = residual + row * dim;
@@ -111,9 +114,9 @@ void launch_add_rmsnorm(const char* who, float* residual, const Delta* delta, co
   const auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(threads));
   if (vec)
-    add_rmsnorm_kernel<true, Delta><<<grid, block, 0, s>>>(residual, delta, weight, dim, eps, out_bf16);
+    chained::launch(add_rmsnorm_kernel<true, Delta>, grid, block, 0, s, residual, delta, weight, dim, eps, out_bf16);
   else
-    add_rmsnorm_kernel<false, Delta><<<grid, block, 0, s>>>(residual, delta, weight, dim, eps, out_bf16);
+    chained::launch(add_rmsnorm_kernel<false, Delta>, grid, block, 0, s, residual, delta, weight, dim, eps, out_bf16);
   backend::cuda::check(cudaGetLastError(), detail::cat(who, ": kernel launch").c_str());
 }
 

@@ -10,6 +10,7 @@
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/ops.hpp"
+#include "chained_launch.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -22,6 +23,8 @@ __global__ void rope_write_kv_kernel(std::uint16_t* __restrict__ qkv, const std:
                                      const float* __restrict__ inv_freq, int nq, int nkv, int hd,
                                      std::uint16_t* __restrict__ k_cache, std::uint16_t* __restrict__ v_cache,
                                      const std::int64_t* __restrict__ slot) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  chained::allow_next_kernel_launch();
   extern __shared__ float cs[];  // [half] cos, then [half] sin
   const std::int64_t t = blockIdx.x;
   const int half = hd / 2;
@@ -79,11 +82,11 @@ void launch(bool vec, std::int64_t T, cudaStream_t s, std::uint16_t* qkv, const 
   const dim3 grid(static_cast<unsigned>(T)), block(kThreads);
   const std::size_t smem = static_cast<std::size_t>(hd) * sizeof(float);
   if (vec)
-    rope_write_kv_kernel<kNeox, true>
-        <<<grid, block, smem, s>>>(qkv, positions, inv_freq, nq, nkv, hd, k_cache, v_cache, slot);
+    chained::launch(rope_write_kv_kernel<kNeox, true>, grid, block, smem, s, qkv, positions, inv_freq, nq, nkv, hd,
+                    k_cache, v_cache, slot);
   else
-    rope_write_kv_kernel<kNeox, false>
-        <<<grid, block, smem, s>>>(qkv, positions, inv_freq, nq, nkv, hd, k_cache, v_cache, slot);
+    chained::launch(rope_write_kv_kernel<kNeox, false>, grid, block, smem, s, qkv, positions, inv_freq, nq, nkv, hd,
+                    k_cache, v_cache, slot);
 }
 
 }  // namespace

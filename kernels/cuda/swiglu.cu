@@ -10,6 +10,7 @@
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/ops.hpp"
+#include "chained_launch.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -30,6 +31,8 @@ __device__ __forceinline__ unsigned swiglu2(unsigned g, unsigned u) {
 /// I % 8 == 0, pointers 16-byte aligned: chunk c of row t covers values [8c, 8c + 8).
 __global__ void swiglu_vec_kernel(const uint4* __restrict__ gate_up, std::int64_t T, std::int64_t chunks,
                                   uint4* __restrict__ out) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  chained::allow_next_kernel_launch();
   const std::int64_t total = T * chunks;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -42,6 +45,8 @@ __global__ void swiglu_vec_kernel(const uint4* __restrict__ gate_up, std::int64_
 
 __global__ void swiglu_scalar_kernel(const std::uint16_t* __restrict__ gate_up, std::int64_t T, std::int64_t I,
                                      std::uint16_t* __restrict__ out) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  chained::allow_next_kernel_launch();
   const std::int64_t total = T * I;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -52,6 +57,8 @@ __global__ void swiglu_scalar_kernel(const std::uint16_t* __restrict__ gate_up, 
 }
 
 __global__ void add_vec_kernel(float4* __restrict__ residual, const uint4* __restrict__ delta, std::int64_t chunks) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  chained::allow_next_kernel_launch();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks; i += stride) {
     const uint4 d = __ldg(delta + i);
@@ -65,6 +72,8 @@ __global__ void add_vec_kernel(float4* __restrict__ residual, const uint4* __res
 
 __global__ void add_scalar_kernel(float* __restrict__ residual, const std::uint16_t* __restrict__ delta,
                                   std::int64_t begin, std::int64_t n) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  chained::allow_next_kernel_launch();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = begin + static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     residual[i] += bf16_to_f32(delta[i]);
@@ -88,10 +97,10 @@ void swiglu(const std::uint16_t* gate_up, std::int64_t T, std::int64_t I, std::u
   const auto s = static_cast<cudaStream_t>(stream);
   if (I % 8 == 0 && aligned16(gate_up) && aligned16(out)) {
     const std::int64_t chunks = I / 8;
-    swiglu_vec_kernel<<<grid_for(T * chunks), kThreads, 0, s>>>(reinterpret_cast<const uint4*>(gate_up), T, chunks,
-                                                                  reinterpret_cast<uint4*>(out));
+    chained::launch(swiglu_vec_kernel, grid_for(T * chunks), kThreads, 0, s, reinterpret_cast<const uint4*>(gate_up), T,
+                    chunks, reinterpret_cast<uint4*>(out));
   } else {
-    swiglu_scalar_kernel<<<grid_for(T * I), kThreads, 0, s>>>(gate_up, T, I, out);
+    chained::launch(swiglu_scalar_kernel, grid_for(T * I), kThreads, 0, s, gate_up, T, I, out);
   }
   backend::cuda::check(cudaGetLastError(), "cuda::swiglu: kernel launch");
 }
@@ -107,11 +116,11 @@ void add(float* residual, const std::uint16_t* delta_bf16, std::int64_t n, void*
   if (aligned16(residual) && aligned16(delta_bf16)) {
     const std::int64_t chunks = n / 8;
     if (chunks > 0)
-      add_vec_kernel<<<grid_for(chunks), kThreads, 0, s>>>(reinterpret_cast<float4*>(residual),
-                                                            reinterpret_cast<const uint4*>(delta_bf16), chunks);
+      chained::launch(add_vec_kernel, grid_for(chunks), kThreads, 0, s, reinterpret_cast<float4*>(residual),
+                      reinterpret_cast<const uint4*>(delta_bf16), chunks);
     done = chunks * 8;
   }
-  if (done < n) add_scalar_kernel<<<grid_for(n - done), kThreads, 0, s>>>(residual, delta_bf16, done, n);
+  if (done < n) chained::launch(add_scalar_kernel, grid_for(n - done), kThreads, 0, s, residual, delta_bf16, done, n);
   backend::cuda::check(cudaGetLastError(), "cuda::add: kernel launch");
 }
 
