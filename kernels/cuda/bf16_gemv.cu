@@ -7,9 +7,7 @@
 //     row (coalesced 512-byte warp accesses), kUnroll chunks per row in flight before any arithmetic;
 //   - x's matching chunk (M rows × 16 bytes) is read once per chunk and reused for the warp's kRows
 //     rows, so x traffic (from L1/L2: x is tiny) is M/kRows of W's;
-//   - each lane keeps kRows × M f32 partial sums, reduced across the warp by shuffles at the end;
-//   - the weight loads are double-buffered across loop steps, and the first step's are issued before the
-//     kernel waits for its input (a chained launch, chained_launch.cuh), overlapping the previous kernel.
+//   - each lane keeps kRows × M f32 partial sums, reduced across the warp by shuffles at the end.
 // The grid has one warp per kRows rows: N = 4096 gives 2048 warps, enough to cover the HBM latency.
 #include <cuda_runtime.h>
 
@@ -18,7 +16,6 @@
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
-#include "chained_launch.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -50,21 +47,9 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
   return s;
 }
 
-/// Loads the kUnroll × kRows weight chunks of the loop step that starts at chunk `base` (zeros past the row).
-__device__ __forceinline__ void load_step(uint4 (&v)[kUnroll][kRows], const uint4* const (&wr)[kRows],
-                                          std::int64_t base, std::int64_t chunks) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const std::int64_t c = base + u * 32;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) v[u][r] = c < chunks ? __ldcs(wr[r] + c) : make_uint4(0, 0, 0, 0);
-  }
-}
-
 template <int M, class Out>
 __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __restrict__ w, const uint4* __restrict__ x,
                                                                 std::int64_t N, std::int64_t chunks, Out* __restrict__ y) {
-  constexpr std::int64_t kStep = 32 * kUnroll;  // chunks of a row per loop step, over the warp
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const std::int64_t row0 = warp * kRows;
@@ -72,22 +57,18 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   const uint4* wr[kRows];
   for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
 
-  // The first step's weights are loaded before waiting for the kernel that writes x (chained launch):
-  // they stream in while that kernel finishes.
-  uint4 cur[kUnroll][kRows];
-  load_step(cur, wr, lane, chunks);
-  chained::wait_for_previous_kernel();
-  chained::allow_next_kernel_launch();
-
   float acc[kRows][M];
   for (int r = 0; r < kRows; ++r)
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
 
-  // Double-buffered: the next step's weights are in flight while this step's are multiplied.
-  for (std::int64_t base = lane; base < chunks; base += kStep) {
-    uint4 next[kUnroll][kRows];
-    const bool more = base + kStep < chunks;
-    if (more) load_step(next, wr, base + kStep, chunks);
+  for (std::int64_t base = lane; base < chunks; base += 32 * kUnroll) {
+    uint4 wv[kUnroll][kRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t c = base + u * 32;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) wv[u][r] = c < chunks ? __ldcs(wr[r] + c) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const std::int64_t c = base + u * 32;
@@ -96,14 +77,8 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
       for (int m = 0; m < M; ++m) {
         const uint4 xv = __ldg(x + m * chunks + c);
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r][m] += dot8(cur[u][r], xv);
+        for (int r = 0; r < kRows; ++r) acc[r][m] += dot8(wv[u][r], xv);
       }
-    }
-    if (more) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) cur[u][r] = next[u][r];
     }
   }
 #pragma unroll
@@ -131,18 +106,16 @@ void launch(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t 
   const auto* w4 = reinterpret_cast<const uint4*>(w);
   const auto* x4 = reinterpret_cast<const uint4*>(x);
   const std::int64_t chunks = K / 8;
-  void (*kernel)(const uint4*, const uint4*, std::int64_t, std::int64_t, Out*) = nullptr;
   switch (M) {
-    case 1: kernel = bf16_gemv_kernel<1, Out>; break;
-    case 2: kernel = bf16_gemv_kernel<2, Out>; break;
-    case 3: kernel = bf16_gemv_kernel<3, Out>; break;
-    case 4: kernel = bf16_gemv_kernel<4, Out>; break;
-    case 5: kernel = bf16_gemv_kernel<5, Out>; break;
-    case 6: kernel = bf16_gemv_kernel<6, Out>; break;
-    case 7: kernel = bf16_gemv_kernel<7, Out>; break;
-    default: kernel = bf16_gemv_kernel<8, Out>; break;
+    case 1: bf16_gemv_kernel<1, Out><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
+    case 2: bf16_gemv_kernel<2, Out><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
+    case 3: bf16_gemv_kernel<3, Out><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
+    case 4: bf16_gemv_kernel<4, Out><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
+    case 5: bf16_gemv_kernel<5, Out><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
+    case 6: bf16_gemv_kernel<6, Out><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
+    case 7: bf16_gemv_kernel<7, Out><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
+    default: bf16_gemv_kernel<8, Out><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
   }
-  chained::launch(kernel, grid, block, 0, s, w4, x4, N, chunks, y);
 }
 
 void check_args(const std::uint16_t* w, const std::uint16_t* x, const void* y, int M, std::int64_t N, std::int64_t K) {

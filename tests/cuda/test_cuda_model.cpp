@@ -369,7 +369,7 @@ TEST_CASE("PagedEngine<cuda>: device memory after 10,000 mixed requests is what 
   EngineOptions o;
   o.max_model_len = 256;
   PagedEngine<cuda, 16> engine(ModelSource::dummy(config, 41), o);
-  std::size_t free_after_100 = 0;
+  std::size_t free_after_100 = 0, free_before = 0;
   std::int64_t done = 0;
   for (int wave = 0; wave < 100; ++wave) {
     // 100 requests per wave: mixed lengths, some sampled, some aborted while waiting or running.
@@ -388,7 +388,11 @@ TEST_CASE("PagedEngine<cuda>: device memory after 10,000 mixed requests is what 
     for (int i = 0; i < 100; i += 7) engine.abort(ids[static_cast<std::size_t>(i)]);
     done += static_cast<std::int64_t>(engine.run_to_completion().size());
     check_all_blocks_free(engine);
-    if (wave == 0) free_after_100 = backend::cuda::memory_info().free;
+    const std::size_t free_now = backend::cuda::memory_info().free;
+    if (wave == 0) free_after_100 = free_now;
+    else if (free_now != free_before)  // shown if the check below fails: where the memory went
+      UNSCOPED_INFO("wave " << wave << " changed the device's free memory from " << free_before << " to " << free_now);
+    free_before = free_now;
   }
   CHECK(done > 9000);  // the step before the aborts may have finished some (their outputs came then)
   CHECK(backend::cuda::memory_info().free == free_after_100);

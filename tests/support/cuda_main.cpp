@@ -11,9 +11,8 @@
 int main(int argc, char** argv) {
   // Load every kernel module when the context is made, not at a kernel's first launch (CUDA's default
   // since 12.2): the leak test compares the device's free memory after 100 and after 10,000 requests, and
-  // a kernel first used after the hundredth (a rarer sampling or GEMV variant) takes a 2 MiB module
-  // granule then, which is not a leak. Before any CUDA call, so that the runtime reads it; a value the
-  // user set wins.
+  // a kernel first used after the hundredth (a rarer sampling or GEMV variant) would load its module then,
+  // which is not a leak. Before any CUDA call, so that the runtime reads it; a value the user set wins.
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   bool listing = false;
   for (int i = 1; i < argc; ++i) listing |= std::string_view(argv[i]).starts_with("--list");
