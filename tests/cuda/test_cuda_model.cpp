@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <sstream>
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/engine/presets.hpp"
@@ -362,6 +363,13 @@ TEST_CASE("PagedEngine<cuda>: decode steps replayed from CUDA graphs pick the to
   check_all_blocks_free(graphed);
 }
 
+// A leak grows with the requests served; what the H200 showed instead is one 2 MiB step in the device's
+// free memory at a varying wave (wave 15 of 100 in the run that logged it), flat for the remaining 85
+// waves (8,500 requests): a one-time reservation of the driver's, not the engine's buffers (those are all
+// made at construction; graphs are uploaded at capture and kernel modules load eagerly in this binary).
+// So: every KV block back after every wave, and the device's free memory steps down at most once and by
+// at most 4 MiB over the 9,900 requests after the first 100. A leak of more than ~200 bytes per request
+// crosses a 2 MiB granule at least twice in that span and fails.
 TEST_CASE("PagedEngine<cuda>: device memory after 10,000 mixed requests is what it was after the first 100",
           "[cuda][engine][leak]") {
   std::mt19937 rng(fresh_seed("gpu leak"));
@@ -370,6 +378,8 @@ TEST_CASE("PagedEngine<cuda>: device memory after 10,000 mixed requests is what 
   o.max_model_len = 256;
   PagedEngine<cuda, 16> engine(ModelSource::dummy(config, 41), o);
   std::size_t free_after_100 = 0, free_before = 0;
+  int steps_down = 0;
+  std::ostringstream changes;
   std::int64_t done = 0;
   for (int wave = 0; wave < 100; ++wave) {
     // 100 requests per wave: mixed lengths, some sampled, some aborted while waiting or running.
@@ -389,11 +399,17 @@ TEST_CASE("PagedEngine<cuda>: device memory after 10,000 mixed requests is what 
     done += static_cast<std::int64_t>(engine.run_to_completion().size());
     check_all_blocks_free(engine);
     const std::size_t free_now = backend::cuda::memory_info().free;
-    if (wave == 0) free_after_100 = free_now;
-    else if (free_now != free_before)  // shown if the check below fails: where the memory went
-      UNSCOPED_INFO("wave " << wave << " changed the device's free memory from " << free_before << " to " << free_now);
+    if (wave == 0) {
+      free_after_100 = free_now;
+    } else if (free_now != free_before) {
+      steps_down += free_now < free_before;
+      changes << "wave " << wave << ": free memory " << free_before << " -> " << free_now << "; ";
+    }
     free_before = free_now;
   }
+  INFO(changes.str());
   CHECK(done > 9000);  // the step before the aborts may have finished some (their outputs came then)
-  CHECK(backend::cuda::memory_info().free == free_after_100);
+  const std::size_t free_end = backend::cuda::memory_info().free;
+  CHECK(steps_down <= 1);
+  CHECK(free_end + (std::size_t{4} << 20) >= free_after_100);
 }
