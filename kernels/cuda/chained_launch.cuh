@@ -6,7 +6,7 @@
 // `wait_for_previous_kernel()` until the predecessor has completed and its writes are visible.
 // `allow_next_kernel_launch()` lets the next chained kernel start launching early.
 //
-// Measured on the H200 (docs/benchmarks.md, 2026-12-03 "chained launches"): chaining the norms, RoPE,
+// Measured on the H200 (docs/benchmarks.md, "Chained decode kernels"): chaining the norms, RoPE,
 // attention, SwiGLU and the GGUF GEMV took SmolLM2-135M's batch-1 step from 0.87 to 0.80 ms of device
 // time; chaining the bf16 GEMV as well (its first weight loads issued before the wait) made Llama-3-8B's
 // step 5% slower (5.13-5.23 vs 4.91 ms), so the bf16 GEMV is launched plainly.
