@@ -28,6 +28,12 @@ constexpr int kMinSplitLen = 256;
 constexpr int kMaxSplits = 256;
 /// Block-table entries a thread block stages in shared memory at a time.
 constexpr int kTableWindow = 256;
+/// Resident blocks per SM the register allocation must allow, per heads per block: the registers the
+/// compiler chose at commit decfb75 (64, 80, 128, 255), where the b64 ctx-2048 benchmark read 2.83 TB/s.
+/// Left to itself it drifted to 145 at GT = 4 with an unrelated change (q's row stride): 3 blocks per SM
+/// instead of 4, so a 64-sequence, 8-KV-head batch no longer fit one wave unsplit and read 2.34-2.38 TB/s.
+template <int GT>
+constexpr int kMinBlocksPerSm = GT == 1 ? 8 : GT == 2 ? 6 : GT == 4 ? 4 : 1;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -75,7 +81,7 @@ __device__ __forceinline__ uint4 load_nc(const std::uint16_t* p) {
 }
 
 template <int D, int GT>
-__global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<GT>) paged_decode_kernel(const DecodeParams p) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   chained::allow_next_kernel_launch();
   constexpr int TPR = D / 8;          // lanes per K/V row
