@@ -24,7 +24,6 @@ __device__ __forceinline__ float hi_bf16(unsigned w) { return __uint_as_float(w 
 __global__ void embedding_vec_kernel(const uint4* __restrict__ table, const std::int32_t* __restrict__ ids,
                                      std::int64_t n, std::int64_t chunks_per_row, float4* __restrict__ out) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  chained::allow_next_kernel_launch();
   const std::int64_t total = n * chunks_per_row;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -38,7 +37,6 @@ __global__ void embedding_vec_kernel(const uint4* __restrict__ table, const std:
 __global__ void embedding_scalar_kernel(const std::uint16_t* __restrict__ table, const std::int32_t* __restrict__ ids,
                                         std::int64_t n, std::int64_t dim, float* __restrict__ out) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  chained::allow_next_kernel_launch();
   const std::int64_t total = n * dim;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {

@@ -199,7 +199,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
                                                         const std::uint16_t* __restrict__ x, std::int64_t N,
                                                         std::int64_t K, std::uint16_t* __restrict__ y, int stage_x) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  chained::allow_next_kernel_launch();
   using F = Fmt<T>;
   constexpr int kBuf = buf_bytes<F>();
   extern __shared__ __align__(16) unsigned char smem[];

@@ -83,7 +83,6 @@ __device__ __forceinline__ uint4 load_nc(const std::uint16_t* p) {
 template <int D, int GT>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<GT>) paged_decode_kernel(const DecodeParams p) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  chained::allow_next_kernel_launch();
   constexpr int TPR = D / 8;          // lanes per K/V row
   constexpr int RPW = 32 / TPR;       // rows per warp per step
   constexpr int ROWS = kWarps * RPW;  // rows per block per step (= lane groups)
@@ -256,7 +255,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<GT>) paged_decode_ke
 template <int D>
 __global__ void __launch_bounds__(D) paged_decode_merge_kernel(const DecodeParams p) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  chained::allow_next_kernel_launch();
   const int h = static_cast<int>(blockIdx.x);
   const int seq = static_cast<int>(blockIdx.y);
   const int d = static_cast<int>(threadIdx.x);

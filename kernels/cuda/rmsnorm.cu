@@ -44,7 +44,6 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __
                                    const float* __restrict__ weight, std::int64_t dim, float eps,
                                    std::uint16_t* __restrict__ out) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  chained::allow_next_kernel_launch();
   __shared__ float scratch[32];
   const std::int64_t row = blockIdx.x;
   float* x = residual + row * dim;

@@ -24,7 +24,6 @@ __global__ void rope_write_kv_kernel(std::uint16_t* __restrict__ qkv, const std:
                                      std::uint16_t* __restrict__ k_cache, std::uint16_t* __restrict__ v_cache,
                                      const std::int64_t* __restrict__ slot) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  chained::allow_next_kernel_launch();
   extern __shared__ float cs[];  // [half] cos, then [half] sin
   const std::int64_t t = blockIdx.x;
   const int half = hd / 2;

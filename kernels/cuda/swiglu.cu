@@ -32,7 +32,6 @@ __device__ __forceinline__ unsigned swiglu2(unsigned g, unsigned u) {
 __global__ void swiglu_vec_kernel(const uint4* __restrict__ gate_up, std::int64_t T, std::int64_t chunks,
                                   uint4* __restrict__ out) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  chained::allow_next_kernel_launch();
   const std::int64_t total = T * chunks;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -46,7 +45,6 @@ __global__ void swiglu_vec_kernel(const uint4* __restrict__ gate_up, std::int64_
 __global__ void swiglu_scalar_kernel(const std::uint16_t* __restrict__ gate_up, std::int64_t T, std::int64_t I,
                                      std::uint16_t* __restrict__ out) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  chained::allow_next_kernel_launch();
   const std::int64_t total = T * I;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -58,7 +56,6 @@ __global__ void swiglu_scalar_kernel(const std::uint16_t* __restrict__ gate_up, 
 
 __global__ void add_vec_kernel(float4* __restrict__ residual, const uint4* __restrict__ delta, std::int64_t chunks) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  chained::allow_next_kernel_launch();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks; i += stride) {
     const uint4 d = __ldg(delta + i);
@@ -73,7 +70,6 @@ __global__ void add_vec_kernel(float4* __restrict__ residual, const uint4* __res
 __global__ void add_scalar_kernel(float* __restrict__ residual, const std::uint16_t* __restrict__ delta,
                                   std::int64_t begin, std::int64_t n) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  chained::allow_next_kernel_launch();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = begin + static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     residual[i] += bf16_to_f32(delta[i]);

@@ -284,7 +284,7 @@ class Graph {
   /// Ends the capture started on `stream`, instantiates it and uploads it to the device. On failure the
   /// capture is still ended. Uploading here, not at the first replay, keeps the graph's device memory
   /// and the upload's latency out of serving: a bucket first replayed after hours would otherwise take
-  /// both then (and show up as a 2 MiB drop in the device's free memory that looks like a leak).
+  /// both then.
   static Graph end_capture(void* stream) {
     cudaGraph_t graph = nullptr;
     check(cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph), "cudaStreamEndCapture");
