@@ -1,11 +1,32 @@
-// CUDA paged decode attention (flash-decoding). One thread block = one sequence x one KV head x up to GT
-// query heads of its group x one split of the context, so each K/V row is read from memory once for the
-// whole group. Inside the block, D/8 lanes own one K/V row (16-byte loads, 8 bf16 each) and a warp walks
-// 32/(D/8) rows at a time, U steps unrolled so 2U loads are in flight per thread; the split's block-table
-// entries are staged in shared memory first, so no K/V load waits behind a table read. Every lane group keeps its
-// own online-softmax state (max m, sum l, acc over its 8 dims) in registers; the groups are merged through
-// shared memory at the end, and the splits of a sequence by a second kernel. Scores are kept in the log2
-// domain (q is pre-multiplied by scale * log2 e) so the softmax uses exp2.
+// CUDA paged decode attention (flash-decoding) on the tensor cores. One thread block = one sequence x one
+// KV head x up to 8 query heads of its group x one split of the context, so each K/V row is read from
+// memory once for the whole group. Each of the block's 4 warps walks its own chunks of 16 positions
+// (chunk w, w + 4, ...), loading K and V straight from global memory into mma.sync fragments: no shared
+// memory staging, and the next chunk's loads are issued before the current chunk's arithmetic, so every
+// warp keeps a chunk of K or V in flight at all times. Per chunk:
+//   S  = Q · Kᵀ      m16n8k16 with the heads as M (rows past the group are zero) and K's rows as B,
+//   P  = exp2(S - m) online softmax in f32 per head (max across the 4 lanes that share a head),
+//   Oᵀ += Vᵀ · Pᵀ    m16n8k16 with head dims as M, positions as K and the heads as N: S's accumulator
+//                    layout is exactly Pᵀ's B-fragment layout, so P never leaves its registers.
+// Two permutations make every load 16 contiguous bytes (see load_k, load_v): the dims of each QK k-step
+// are permuted the same way for Q and K (a dot product does not care), and the head dims of Oᵀ are
+// permuted and undone when the result is written. The warps' partial states are merged through shared
+// memory, the splits of a sequence by a second kernel. Scores are kept in the log2 domain (S is scaled by
+// scale * log2 e in f32) so the softmax uses exp2.
+//
+// Why tensor cores for a bandwidth-bound kernel: the CUDA-core version it replaced reduced every score
+// across 16 lanes with shuffles and spent more issue slots on that than on its loads (2.4-2.8 TB/s on
+// batch 64 x ctx 2048 against a 4.27 TB/s copy). Here a chunk of 16 positions (8 KiB of K and V for
+// D = 128) costs 24 mma, 2 shuffles for the max and 2 for the rescale.
+// Rounding: the tensor cores take bf16, so P is split as P = hi + lo (two bf16 parts, lo the residual)
+// and Oᵀ += Vᵀ·hiᵀ + Vᵀ·loᵀ: P·V is then exact to ~2^-16 relative, like the f32 kernel this replaced
+// (P rounded to bf16 alone perturbs the output by up to 2^-8 Σ p|v| / Σ p, enough to flip near-ties of
+// greedy decoding against an f32 reference more often). The 8 extra mma per chunk cost no time here.
+//
+// Splits: the grid has a fixed number of splits per sequence (chosen on the host from the shapes, so a
+// CUDA graph can replay it), but the positions of a split are computed on the device from the sequence's
+// actual length (split_length): a short context in a graph captured for long ones is still spread over
+// every split, instead of leaving all but the first split empty.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -16,24 +37,26 @@
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/attention.hpp"
 #include "chained_launch.cuh"
+#include "mma_bf16.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
 
+using detail::fast_exp2;
+using detail::mma_m16n8k16_bf16;
+using detail::pack_bf16x2;
+
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 4;
-/// A split covers at least this many positions: below it the merge costs more than the parallelism gives.
-constexpr int kMinSplitLen = 256;
+constexpr int kChunk = 16;       ///< positions per warp step (one mma K extent)
+constexpr int kStep = kWarps * kChunk;  ///< positions per block step: the granule of split lengths
+constexpr int kMaxGroup = 8;     ///< query heads per block: the N extent of Oᵀ's mma
+/// Three blocks (12 warps) per SM, each keeping a chunk of K or V in flight, saturate HBM (3.8 TB/s
+/// measured at D = 128); the bound keeps the compiler under the 168 registers that allows.
+constexpr int kMinBlocksPerSm = 3;
 constexpr int kMaxSplits = 256;
 /// Block-table entries a thread block stages in shared memory at a time.
-constexpr int kTableWindow = 256;
-/// Resident blocks per SM the register allocation must allow, per heads per block: the registers the
-/// compiler chose at commit decfb75 (64, 80, 128, 255), where the b64 ctx-2048 benchmark read 2.83 TB/s.
-/// Left to itself it drifted to 145 at GT = 4 with an unrelated change (q's row stride): 3 blocks per SM
-/// instead of 4, so a 64-sequence, 8-KV-head batch no longer fit one wave unsplit and read 2.34-2.38 TB/s.
-template <int GT>
-constexpr int kMinBlocksPerSm = GT == 1 ? 8 : GT == 2 ? 6 : GT == 4 ? 4 : 1;
+constexpr int kTableWindow = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -52,27 +75,23 @@ struct DecodeParams {
   int kv_heads;
   int num_heads;
   int group;        ///< query heads per KV head
-  int head_chunks;  ///< thread blocks per KV head along the group (group > GT)
+  int head_chunks;  ///< thread blocks per KV head along the group (group > kMaxGroup)
   int splits;
-  int split_len;
   float scale_log2;
 };
 
+/// The positions each split of a sequence of `len` covers: the context shared evenly by the splits, in
+/// whole block steps (every split but the last is full), at least one step.
+__device__ __forceinline__ int split_length(int len, int splits) {
+  const int per = (len + splits - 1) / splits;
+  return max(kStep, (per + kStep - 1) / kStep * kStep);
+}
+
+/// The bf16 in the low / high half of a .b32, as f32.
 __device__ __forceinline__ float lo_bf16(std::uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_bf16(std::uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-__device__ __forceinline__ void unpack8(const uint4& r, float* f) {
-  f[0] = lo_bf16(r.x);
-  f[1] = hi_bf16(r.x);
-  f[2] = lo_bf16(r.y);
-  f[3] = hi_bf16(r.y);
-  f[4] = lo_bf16(r.z);
-  f[5] = hi_bf16(r.z);
-  f[6] = lo_bf16(r.w);
-  f[7] = hi_bf16(r.w);
-}
-
-__device__ __forceinline__ uint4 load_nc(const std::uint16_t* p) {
+__device__ __forceinline__ uint4 load_nc(const uint4* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
@@ -80,62 +99,134 @@ __device__ __forceinline__ uint4 load_nc(const std::uint16_t* p) {
   return r;
 }
 
-template <int D, int GT>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<GT>) paged_decode_kernel(const DecodeParams p) {
-  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  constexpr int TPR = D / 8;          // lanes per K/V row
-  constexpr int RPW = 32 / TPR;       // rows per warp per step
-  constexpr int ROWS = kWarps * RPW;  // rows per block per step (= lane groups)
+/// The fragments one lane holds of a chunk's K rows and V rows (D = head dim).
+template <int D>
+struct ChunkRegs {
+  static constexpr int kSlices = D / 32;  ///< 16-byte K loads per position: 2 QK k-steps each
+  static constexpr int kVLoads = D / 64;  ///< 16-byte V loads per position: D/8 contiguous dims
+  uint4 k[2][kSlices];                    ///< K rows g and g + 8 of the chunk
+  uint4 v[4][kVLoads];                    ///< V rows 2t, 2t + 1, 2t + 8, 2t + 9
+};
 
-  __shared__ float sm_m[ROWS][GT];
-  __shared__ float sm_l[ROWS][GT];
-  __shared__ __align__(16) float sm_acc[ROWS][GT][D];
+constexpr std::uint32_t kNoRow = 0xffffffffu;
+
+/// Where a chunk's rows are: a position's row for this KV head in 16-byte units of the cache (32 bits
+/// cover 64 GiB of one layer's K or V, and save the registers 64-bit offsets would take), or kNoRow when
+/// the position is past the range: its loads are skipped and read as zero (unwritten rows may hold NaN).
+struct ChunkRows {
+  const std::int32_t* table;  ///< the staged window of block-table entries, in shared memory
+  int first_block, block_shift, block_mask, end;
+  std::uint32_t row_units;    ///< 16-byte units from one cache row (all KV heads) to the next
+  std::uint32_t head_units;   ///< this KV head's offset in a row, in 16-byte units
+
+  __device__ __forceinline__ std::uint32_t offset(int pos) const {
+    if (pos >= end) return kNoRow;
+    const auto blk = static_cast<std::uint32_t>(table[(pos >> block_shift) - first_block]);
+    const std::uint32_t row = (blk << block_shift) + static_cast<std::uint32_t>(pos & block_mask);
+    return row * row_units + head_units;
+  }
+};
+
+/// K for S = Q·Kᵀ: B fragment of k-step s holds K[pos g][logical dims 2t, 2t+1] (b0) and [2t+8, 2t+9] (b1).
+/// Logical dims of k-step 2c + s are mapped to physical dims c*32 + t*8 + 4s + {0, 1, 2, 3}, so lane (g, t)
+/// loads the 16 bytes K[pos][c*32 + t*8 .. +8] and the words are b0, b1 of k-step 2c and of 2c + 1.
+template <int D>
+__device__ __forceinline__ void load_k(const uint4* k, const ChunkRows& rows, int base, int g, int t, ChunkRegs<D>& r) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const std::uint32_t off = rows.offset(base + h * 8 + g);
+#pragma unroll
+    for (int c = 0; c < ChunkRegs<D>::kSlices; ++c)
+      r.k[h][c] = off == kNoRow ? make_uint4(0, 0, 0, 0) : load_nc(k + off + c * 4 + t);
+  }
+}
+
+/// V for Oᵀ = Vᵀ·Pᵀ: A fragment of m-tile j holds Vᵀ[rows g, g+8][positions 2t.., 2t+8..]. Row r of m-tile j is
+/// mapped to physical dim g*(D/8) + j (r = g) or g*(D/8) + D/16 + j (r = g + 8), so lane (g, t) needs dims
+/// g*(D/8) .. +D/8 of its four positions: D/64 16-byte loads each.
+template <int D>
+__device__ __forceinline__ void load_v(const uint4* v, const ChunkRows& rows, int base, int g, int t, ChunkRegs<D>& r) {
+  constexpr int kPos[4] = {0, 1, 8, 9};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const std::uint32_t off = rows.offset(base + 2 * t + kPos[i]);
+#pragma unroll
+    for (int c = 0; c < ChunkRegs<D>::kVLoads; ++c)
+      r.v[i][c] = off == kNoRow ? make_uint4(0, 0, 0, 0) : load_nc(v + off + g * (D / 64) + c);
+  }
+}
+
+/// Word w of the 16-byte-load array `a` (kVLoads loads of 4 words).
+__device__ __forceinline__ std::uint32_t word(const uint4* a, int w) {
+  const uint4& x = a[w / 4];
+  return (w & 3) == 0 ? x.x : (w & 3) == 1 ? x.y : (w & 3) == 2 ? x.z : x.w;
+}
+
+/// Two positions' values of one physical dim (element e of a lane's D/8 dims) packed as a .b32: the low
+/// half from position a, the high half from position b.
+__device__ __forceinline__ std::uint32_t pair(const uint4* a, const uint4* b, int e) {
+  return __byte_perm(word(a, e / 2), word(b, e / 2), (e & 1) == 0 ? 0x5410 : 0x7632);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel(const DecodeParams p) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  constexpr int kKSteps = D / 16;   // QK k-steps
+  constexpr int kMTiles = D / 16;   // Oᵀ m-tiles
+  constexpr int kSlices = ChunkRegs<D>::kSlices;
+
+  __shared__ std::int32_t sm_table[kTableWindow];
+  __shared__ float sm_m[kWarps][kMaxGroup];
+  __shared__ float sm_l[kWarps][kMaxGroup];
+  __shared__ __align__(16) float sm_acc[kWarps][kMaxGroup][D];
 
   const int seq = static_cast<int>(blockIdx.z);
   const int kvh = static_cast<int>(blockIdx.y) / p.head_chunks;
-  const int chunk = static_cast<int>(blockIdx.y) % p.head_chunks;
+  const int chunk_of_group = static_cast<int>(blockIdx.y) % p.head_chunks;
   const int split = static_cast<int>(blockIdx.x);
-  const int h0 = kvh * p.group + chunk * GT;
-  const int nh = min(GT, p.group - chunk * GT);
+  const int h0 = kvh * p.group + chunk_of_group * kMaxGroup;
+  const int nh = min(kMaxGroup, p.group - chunk_of_group * kMaxGroup);
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
-  const int dl = lane % TPR;  // this lane's 8 dims: dl*8 .. dl*8+7
-  const int group_id = warp * RPW + lane / TPR;
+  const int g = lane >> 2, t = lane & 3;
 
   // Never read past the block table, even when a caller's seq_len is too large.
   const int len = min(p.lens[seq], p.max_blocks << p.block_shift);
-  const int begin = split * p.split_len;
-  const int end = min(len, begin + p.split_len);
+  const int split_len = split_length(len, p.splits);
+  const int begin = split * split_len;
+  const int end = min(len, begin + split_len);
 
-  float qr[GT][8];
+  // Q as the A fragments of every k-step: row g is head h0 + g (zero past the group), rows g + 8 are zero.
+  std::uint32_t qa[kKSteps][2];
+  {
+    uint4 raw[kSlices];
 #pragma unroll
-  for (int g = 0; g < GT; ++g) {
+    for (int c = 0; c < kSlices; ++c) raw[c] = make_uint4(0, 0, 0, 0);
     if (g < nh) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(
-          p.q + static_cast<std::size_t>(seq) * static_cast<std::size_t>(p.q_stride) + static_cast<std::size_t>(h0 + g) * D + dl * 8);
-      unpack8(raw, qr[g]);
+      const std::uint16_t* qrow = p.q + static_cast<std::size_t>(seq) * static_cast<std::size_t>(p.q_stride) +
+                                  static_cast<std::size_t>(h0 + g) * D;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) qr[g][i] *= p.scale_log2;
-    } else {
+      for (int c = 0; c < kSlices; ++c) raw[c] = *reinterpret_cast<const uint4*>(qrow + c * 32 + t * 8);
+    }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) qr[g][i] = 0.0f;
+    for (int c = 0; c < kSlices; ++c) {
+      qa[2 * c][0] = raw[c].x;
+      qa[2 * c][1] = raw[c].y;
+      qa[2 * c + 1][0] = raw[c].z;
+      qa[2 * c + 1][1] = raw[c].w;
     }
   }
 
-  float m[GT], l[GT], acc[GT][8];
+  // This lane's online-softmax state for head g (m, its share of l) and Oᵀ for heads 2t, 2t+1.
+  float m = kNegInf, l = 0.0f;
+  float o[kMTiles][4];
 #pragma unroll
-  for (int g = 0; g < GT; ++g) {
-    m[g] = kNegInf;
-    l[g] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
-  }
+  for (int j = 0; j < kMTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
-  const std::int32_t* table = p.tables + static_cast<std::size_t>(seq) * p.max_blocks;
   const int block_mask = (1 << p.block_shift) - 1;
-  // The split's block-table entries are staged in shared memory, a window at a time, so a K/V load
-  // waits on one memory access, not on a table read first.
-  __shared__ std::int32_t sm_table[kTableWindow];
+  const auto* kv_k = reinterpret_cast<const uint4*>(p.k);
+  const auto* kv_v = reinterpret_cast<const uint4*>(p.v);
+  const std::int32_t* table = p.tables + static_cast<std::size_t>(seq) * p.max_blocks;
   const int window = (kTableWindow - 1) << p.block_shift;  // positions whose blocks fit, at any alignment
   for (int wbeg = begin; wbeg < end; wbeg += window) {
     const int wend = min(end, wbeg + window);
@@ -144,100 +235,107 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<GT>) paged_decode_ke
     __syncthreads();  // the previous window's readers are done
     for (int i = static_cast<int>(threadIdx.x); i < nblocks; i += kThreads) sm_table[i] = __ldg(table + first_block + i);
     __syncthreads();
-    for (int base = wbeg; base < wend; base += ROWS * kUnroll) {
-      uint4 kr[kUnroll], vr[kUnroll];
-      bool valid[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int pos = base + u * ROWS + group_id;
-        valid[u] = pos < wend;
-        if (valid[u]) {
-          const auto blk = static_cast<std::size_t>(sm_table[(pos >> p.block_shift) - first_block]);
-          const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(pos & block_mask);
-          const std::size_t off = (row * p.kv_heads + kvh) * D + dl * 8;
-          kr[u] = load_nc(p.k + off);
-          vr[u] = load_nc(p.v + off);
-        } else {
-          kr[u] = make_uint4(0, 0, 0, 0);
-          vr[u] = make_uint4(0, 0, 0, 0);
-        }
-      }
-      float s[kUnroll][GT];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        float kf[8];
-        unpack8(kr[u], kf);
-#pragma unroll
-        for (int g = 0; g < GT; ++g) {
-          float a = 0.0f;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) a = fmaf(qr[g][i], kf[i], a);
-          s[u][g] = a;
-        }
-      }
-#pragma unroll
-      for (int off = TPR / 2; off > 0; off >>= 1)
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-          for (int g = 0; g < GT; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], off);
+    const ChunkRows rows{sm_table, first_block, p.block_shift, block_mask, wend,
+                         static_cast<std::uint32_t>(p.kv_heads * (D / 8)), static_cast<std::uint32_t>(kvh * (D / 8))};
 
-      float vf[kUnroll][8];
+    int base = wbeg + warp * kChunk;
+    if (base >= wend) continue;
+    ChunkRegs<D> cur;
+    load_k<D>(kv_k, rows, base, g, t, cur);
+    load_v<D>(kv_v, rows, base, g, t, cur);
+    for (; base < wend; base += kWarps * kChunk) {
+      const int next = base + kWarps * kChunk;
+      // S = Q·Kᵀ: n-tile h covers positions base + 8h .. +7.
+      float s[2][4];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) unpack8(vr[u], vf[u]);
+      for (int h = 0; h < 2; ++h) {
+        s[h][0] = s[h][1] = s[h][2] = s[h][3] = 0.0f;
 #pragma unroll
-      for (int g = 0; g < GT; ++g) {
-        float mx = m[g];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-          if (valid[u]) mx = fmaxf(mx, s[u][g]);
-        // mx is finite once any row was valid; rows are only masked at the end of the range.
-        const float corr = m[g] == kNegInf ? 0.0f : exp2f(m[g] - mx);
-        float pr[kUnroll];
-        float sum = 0.0f;
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          pr[u] = valid[u] ? exp2f(s[u][g] - mx) : 0.0f;
-          sum += pr[u];
+        for (int c = 0; c < kSlices; ++c) {
+          const std::uint32_t a0[4] = {qa[2 * c][0], 0u, qa[2 * c][1], 0u};
+          mma_m16n8k16_bf16(s[h], a0, cur.k[h][c].x, cur.k[h][c].y);
+          const std::uint32_t a1[4] = {qa[2 * c + 1][0], 0u, qa[2 * c + 1][1], 0u};
+          mma_m16n8k16_bf16(s[h], a1, cur.k[h][c].z, cur.k[h][c].w);
         }
-        l[g] = fmaf(l[g], corr, sum);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          float a = acc[g][i] * corr;
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) a = fmaf(pr[u], vf[u][i], a);
-          acc[g][i] = a;
-        }
-        m[g] = mx;
       }
+      if (next < wend) load_k<D>(kv_k, rows, next, g, t, cur);  // K's registers are free again
+
+      // Online softmax for head g over positions base + 2t, +1, +8, +9 (s[h][0..1]; s[h][2..3] are rows g+8).
+      float x[4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int pos = base + 8 * h + 2 * t + e;
+          x[2 * h + e] = pos < wend ? s[h][e] * p.scale_log2 : kNegInf;
+        }
+      float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m, mx);  // finite: the chunk's first position is always in range
+      const float corr = fast_exp2(m - m_new);  // 0 while m is -inf
+      float pr[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pr[i] = fast_exp2(x[i] - m_new);
+      l = fmaf(l, corr, (pr[0] + pr[1]) + (pr[2] + pr[3]));
+      m = m_new;
+      // Oᵀ's columns are heads 2t and 2t+1: their factors live in the lanes of groups 2t and 2t+1.
+      const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
+      const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+#pragma unroll
+      for (int j = 0; j < kMTiles; ++j) {
+        o[j][0] *= c0;
+        o[j][1] *= c1;
+        o[j][2] *= c0;
+        o[j][3] *= c1;
+      }
+      // Oᵀ += Vᵀ·Pᵀ: Pᵀ's B fragment is (positions 2t, 2t+1 | 2t+8, 2t+9) x head g, i.e. this lane's p.
+      // P = hi + lo in bf16 (see the top of the file).
+      const std::uint32_t hi0 = pack_bf16x2(pr[0], pr[1]), hi1 = pack_bf16x2(pr[2], pr[3]);
+      const std::uint32_t lo0 = pack_bf16x2(pr[0] - lo_bf16(hi0), pr[1] - hi_bf16(hi0));
+      const std::uint32_t lo1 = pack_bf16x2(pr[2] - lo_bf16(hi1), pr[3] - hi_bf16(hi1));
+#pragma unroll
+      for (int j = 0; j < kMTiles; ++j) {
+        const std::uint32_t va[4] = {pair(cur.v[0], cur.v[1], j), pair(cur.v[0], cur.v[1], kMTiles + j),
+                                     pair(cur.v[2], cur.v[3], j), pair(cur.v[2], cur.v[3], kMTiles + j)};
+        mma_m16n8k16_bf16(o[j], va, hi0, hi1);
+        mma_m16n8k16_bf16(o[j], va, lo0, lo1);
+      }
+      if (next < wend) load_v<D>(kv_v, rows, next, g, t, cur);
     }
   }  // table window
 
-  // Merge the lane groups of this block.
+  // Merge the warps of this block: each warp's (m, l) per head and its Oᵀ columns, in physical dims.
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (t == 0) {
+    sm_m[warp][g] = m;
+    sm_l[warp][g] = l;
+  }
 #pragma unroll
-  for (int g = 0; g < GT; ++g) {
-    if (dl == 0) {
-      sm_m[group_id][g] = m[g];
-      sm_l[group_id][g] = l[g];
+  for (int e = 0; e < 2; ++e) {
+    const int head = 2 * t + e;
+    float* dst = &sm_acc[warp][head][g * (D / 8)];
+#pragma unroll
+    for (int j = 0; j < kMTiles; ++j) {
+      dst[j] = o[j][e];                // row g of m-tile j
+      dst[kMTiles + j] = o[j][2 + e];  // row g + 8
     }
-    float4* dst = reinterpret_cast<float4*>(&sm_acc[group_id][g][dl * 8]);
-    dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-    dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
   }
   __syncthreads();
   for (int idx = static_cast<int>(threadIdx.x); idx < nh * D; idx += kThreads) {
-    const int g = idx / D, d = idx % D;
+    const int hh = idx / D, d = idx % D;
     float mx = kNegInf;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) mx = fmaxf(mx, sm_m[r][g]);
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm_m[w][hh]);
     float sum = 0.0f, a = 0.0f;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const float w = sm_m[r][g] == kNegInf ? 0.0f : exp2f(sm_m[r][g] - mx);
-      sum = fmaf(sm_l[r][g], w, sum);
-      a = fmaf(sm_acc[r][g][d], w, a);
+    for (int w = 0; w < kWarps; ++w) {
+      const float wt = sm_m[w][hh] == kNegInf ? 0.0f : exp2f(sm_m[w][hh] - mx);
+      sum = fmaf(sm_l[w][hh], wt, sum);
+      a = fmaf(sm_acc[w][hh][d], wt, a);
     }
-    const std::size_t head = static_cast<std::size_t>(seq) * p.num_heads + h0 + g;
+    const std::size_t head = static_cast<std::size_t>(seq) * p.num_heads + h0 + hh;
     if (p.splits == 1) {
       p.out[head * D + d] = f32_to_bf16(sum > 0.0f ? a / sum : 0.0f);
     } else {
@@ -259,7 +357,8 @@ __global__ void __launch_bounds__(D) paged_decode_merge_kernel(const DecodeParam
   const int seq = static_cast<int>(blockIdx.y);
   const int d = static_cast<int>(threadIdx.x);
   const int len = min(p.lens[seq], p.max_blocks << p.block_shift);
-  const int used = len <= 0 ? 0 : min(p.splits, (len + p.split_len - 1) / p.split_len);
+  const int split_len = split_length(len, p.splits);
+  const int used = len <= 0 ? 0 : min(p.splits, (len + split_len - 1) / split_len);
   const std::size_t head = static_cast<std::size_t>(seq) * p.num_heads + h;
   const float* ml = p.ws_ml + head * p.splits * 2;
   const float* acc = p.ws_acc + head * p.splits * D;
@@ -287,8 +386,6 @@ int sm_count() {
   return n;
 }
 
-int heads_per_block(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
-
 void check(const PagedKvBatch& b, int num_heads) {
   using infer::detail::cat;
   if (b.num_seqs < 0 || b.num_seqs > 65535)
@@ -308,24 +405,18 @@ void check(const PagedKvBatch& b, int num_heads) {
   if (static_cast<std::int64_t>(b.max_blocks_per_seq) * b.block_size > (std::int64_t{1} << 30))
     throw InvalidArgument(cat("cuda::paged_decode_attention: ", b.max_blocks_per_seq, " blocks of ", b.block_size,
                               " tokens exceed the 2^30 positions a sequence may have"));
-  const int chunks = (num_heads / b.num_kv_heads + 7) / 8;
+  const int chunks = (num_heads / b.num_kv_heads + kMaxGroup - 1) / kMaxGroup;
   if (static_cast<std::int64_t>(b.num_kv_heads) * chunks > 65535)
     throw InvalidArgument(cat("cuda::paged_decode_attention: ", num_heads, " heads are too many"));
 }
 
-struct Plan {
-  int splits;
-  int split_len;
-};
-
-/// Resident blocks per SM of one kernel instance (register use differs by D and GT); cached per instance,
-/// so this assumes one kind of GPU per process.
-template <int D, int GT>
+/// Resident blocks per SM of one kernel instance (register use differs by D); cached per instance, so this
+/// assumes one kind of GPU per process.
+template <int D>
 int blocks_per_sm() {
   static const int n = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, paged_decode_kernel<D, GT>, kThreads, 0) != cudaSuccess ||
-        b <= 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, paged_decode_kernel<D>, kThreads, 0) != cudaSuccess || b <= 0) {
       (void)cudaGetLastError();
       b = 2;
     }
@@ -334,23 +425,21 @@ int blocks_per_sm() {
   return n;
 }
 
-int resident_blocks(int d, int gt) {
-  int per_sm = 2;
-  if (d == 64) per_sm = gt == 1 ? blocks_per_sm<64, 1>() : gt == 2 ? blocks_per_sm<64, 2>() : gt == 4 ? blocks_per_sm<64, 4>() : blocks_per_sm<64, 8>();
-  else per_sm = gt == 1 ? blocks_per_sm<128, 1>() : gt == 2 ? blocks_per_sm<128, 2>() : gt == 4 ? blocks_per_sm<128, 4>() : blocks_per_sm<128, 8>();
-  return per_sm * sm_count();
-}
+int resident_blocks(int d) { return (d == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>()) * sm_count(); }
 
-/// Splits so that the grid fills the GPU in whole waves: the fewest splits whose last wave is at least 95%
-/// full, else the best fill found; never splits shorter than kMinSplitLen positions.
-Plan plan(const PagedKvBatch& b, int num_heads) {
+/// Splits per sequence so that the grid fills the GPU in whole waves: none when the unsplit grid already
+/// takes two waves or more (its last wave then costs at most a third of the time, and every split adds
+/// its partial results' write, their merge and a block's fixed costs: 256 sequences of 256 positions
+/// measured 3.28 TB/s unsplit against 2.51 split 3 ways); else the fewest whose last wave is at least 95%
+/// full, or the best fill found, and no more than the table's capacity holds block steps.
+int plan_splits(const PagedKvBatch& b, int num_heads) {
   const int group = num_heads / b.num_kv_heads;
-  const int gt = heads_per_block(group);
-  const int chunks = (group + gt - 1) / gt;
+  const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
   const std::int64_t cap = static_cast<std::int64_t>(b.max_blocks_per_seq) * b.block_size;
   const std::int64_t ctas = std::int64_t{b.num_seqs} * b.num_kv_heads * chunks;
-  const std::int64_t slots = resident_blocks(b.head_dim, gt);
-  std::int64_t max_splits = (cap + kMinSplitLen - 1) / kMinSplitLen;
+  const std::int64_t slots = resident_blocks(b.head_dim);
+  if (ctas >= 2 * slots) return 1;
+  std::int64_t max_splits = (cap + kStep - 1) / kStep;
   if (max_splits > kMaxSplits) max_splits = kMaxSplits;
   if (max_splits < 1) max_splits = 1;
   std::int64_t splits = 1;
@@ -365,47 +454,32 @@ Plan plan(const PagedKvBatch& b, int num_heads) {
     }
     if (best >= 0.95) break;
   }
-  // Split lengths are whole steps of the widest block (64 rows), so every split but the last is full.
-  constexpr std::int64_t kStep = 64;
-  std::int64_t len = (cap + splits - 1) / splits;
-  len = (len + kStep - 1) / kStep * kStep;
-  splits = (cap + len - 1) / len;
-  return {static_cast<int>(splits), static_cast<int>(len)};
-}
-
-template <int D, int GT>
-void launch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.kv_heads * p.head_chunks),
-                  static_cast<unsigned>(num_seqs));
-  chained::launch(paged_decode_kernel<D, GT>, grid, kThreads, 0, stream, p);
-  if (p.splits > 1)
-    chained::launch(paged_decode_merge_kernel<D>,
-                    dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs)), D, 0, stream, p);
+  return static_cast<int>(splits);
 }
 
 template <int D>
-void launch_d(int gt, const DecodeParams& p, int num_seqs, cudaStream_t stream) {
-  switch (gt) {
-    case 1: launch<D, 1>(p, num_seqs, stream); break;
-    case 2: launch<D, 2>(p, num_seqs, stream); break;
-    case 4: launch<D, 4>(p, num_seqs, stream); break;
-    default: launch<D, 8>(p, num_seqs, stream); break;
-  }
+void launch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.kv_heads * p.head_chunks),
+                  static_cast<unsigned>(num_seqs));
+  chained::launch(paged_decode_kernel<D>, grid, kThreads, 0, stream, p);
+  if (p.splits > 1)
+    chained::launch(paged_decode_merge_kernel<D>,
+                    dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs)), D, 0, stream, p);
 }
 
 }  // namespace
 
 int paged_decode_num_splits(const PagedKvBatch& batch, int num_heads) {
   check(batch, num_heads);
-  return plan(batch, num_heads).splits;
+  return plan_splits(batch, num_heads);
 }
 
 std::size_t paged_decode_workspace_bytes(const PagedKvBatch& batch, int num_heads) {
   check(batch, num_heads);
-  const Plan pl = plan(batch, num_heads);
-  if (pl.splits <= 1) return 0;
+  const int splits = plan_splits(batch, num_heads);
+  if (splits <= 1) return 0;
   return static_cast<std::size_t>(batch.num_seqs) * static_cast<std::size_t>(num_heads) *
-         static_cast<std::size_t>(pl.splits) * (2 + static_cast<std::size_t>(batch.head_dim)) * sizeof(float);
+         static_cast<std::size_t>(splits) * (2 + static_cast<std::size_t>(batch.head_dim)) * sizeof(float);
 }
 
 void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, int num_heads, float scale,
@@ -430,15 +504,14 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
   const auto misaligned = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0; };
   if (misaligned(batch.k) || misaligned(batch.v) || misaligned(q))
     throw InvalidArgument("cuda::paged_decode_attention: K, V and q must be 16-byte aligned (16-byte loads)");
-  const Plan pl = plan(batch, num_heads);
+  const int splits = plan_splits(batch, num_heads);
   const std::size_t need = paged_decode_workspace_bytes(batch, num_heads);
   if (need > 0 && (workspace == nullptr || workspace_bytes < need))
     throw InvalidArgument(cat("cuda::paged_decode_attention: the workspace has ", workspace_bytes, " bytes",
-                              workspace == nullptr ? " (null)" : "", "; this shape splits each context ", pl.splits,
+                              workspace == nullptr ? " (null)" : "", "; this shape splits each context ", splits,
                               " ways and needs ", need, " (paged_decode_workspace_bytes)"));
 
   const int group = num_heads / batch.num_kv_heads;
-  const int gt = heads_per_block(group);
   DecodeParams p{};
   p.k = batch.k;
   p.v = batch.v;
@@ -448,7 +521,7 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
   p.q_stride = q_row_stride != 0 ? q_row_stride : dense;
   p.out = out;
   const std::size_t ml_floats =
-      static_cast<std::size_t>(batch.num_seqs) * static_cast<std::size_t>(num_heads) * static_cast<std::size_t>(pl.splits) * 2;
+      static_cast<std::size_t>(batch.num_seqs) * static_cast<std::size_t>(num_heads) * static_cast<std::size_t>(splits) * 2;
   p.ws_ml = workspace;
   p.ws_acc = workspace == nullptr ? nullptr : workspace + ml_floats;
   p.max_blocks = batch.max_blocks_per_seq;
@@ -458,18 +531,17 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
   p.kv_heads = batch.num_kv_heads;
   p.num_heads = num_heads;
   p.group = group;
-  p.head_chunks = (group + gt - 1) / gt;
-  p.splits = pl.splits;
-  p.split_len = pl.split_len;
+  p.head_chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  p.splits = splits;
   p.scale_log2 = scale * kLog2e;
 
   auto s = static_cast<cudaStream_t>(stream);
-  if (batch.head_dim == 64) launch_d<64>(gt, p, batch.num_seqs, s);
-  else launch_d<128>(gt, p, batch.num_seqs, s);
+  if (batch.head_dim == 64) launch<64>(p, batch.num_seqs, s);
+  else launch<128>(p, batch.num_seqs, s);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
     throw DeviceError(cat("cuda::paged_decode_attention(", batch.num_seqs, " sequences, ", num_heads, "/",
-                          batch.num_kv_heads, " heads of ", batch.head_dim, ", ", pl.splits,
+                          batch.num_kv_heads, " heads of ", batch.head_dim, ", ", splits,
                           " splits): kernel launch failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
 }
 

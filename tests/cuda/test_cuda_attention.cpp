@@ -4,13 +4,21 @@
 // row that no query may see (past a sequence's length, spare blocks, the spare table entry) left NaN, and
 // the outputs poisoned with NaN first, so a missing write or an out-of-range read shows up as NaN.
 //
-// Error bound, per output value g against the reference r:  |g - r| <= 2^-8 |r| + 1e-4.
+// Error bound of an f32 kernel, per output value g against the reference r:  |g - r| <= 2^-8 |r| + 1e-4.
 //  - r is a convex combination of V values drawn from U(-1, 1), so |r| <= 1;
 //  - the kernels accumulate in f32 like the reference but in another order and with exp2 instead of exp:
 //    over <= 4096 terms that differs by ~1e-5 at most (a few f32 ulps per term, growing like sqrt(n)),
 //    so 1e-4 absolute is a 10x margin;
 //  - the output is rounded to bf16 (8 significant bits, round to nearest): at most half an ulp, 2^-8 |r|.
-// The prefill tensor-core kernel rounds P to bf16 as well: its bound adds a term for that (see "prefill").
+// The prefill tensor-core kernel (its default path) differs in one place that matters:
+// P = exp2(s - m) is rounded to bf16 (round to nearest: |p̂ - p| <= 2^-8 p) before O += P·V, while the row
+// sum l is summed from the f32 p. So
+//   |Σ p̂ v / Σ p - Σ p v / Σ p| <= 2^-8 Σ p |v| / Σ p = 2^-8 a,
+// with a = the attention output over |V| (computed by the same CPU reference on a copy of the cache with
+// |V|; a <= max |v| <= 1). Their bound is  |g - r| <= 2^-8 (|r| + a) + 1e-4:  the f32 terms as above (Q·Kᵀ on
+// the tensor cores multiplies bf16 exactly and accumulates in f32), the output rounding 2^-8 |r|, and the
+// second-order term 2^-16 a of rounding the perturbed value inside the 1e-4 margin. A wrong fragment layout,
+// mask or rescale gives errors of the order of |v| itself, far outside.
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
@@ -30,6 +38,7 @@
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/attention.hpp"
+#include "infer/kernels/cuda/fill.hpp"
 
 using namespace infer;
 using namespace infer::test;
@@ -82,25 +91,38 @@ struct Cache {
     }
     kf.resize(elems);
     vf.resize(elems);
+    vabs.resize(elems);
     for (std::size_t i = 0; i < elems; ++i) {
       kf[i] = bf16_to_f32(k[i]);
       vf[i] = bf16_to_f32(v[i]);
+      vabs[i] = std::fabs(vf[i]);
     }
   }
 
-  [[nodiscard]] PagedKvView<const float> view(std::size_t seq) const {
-    return PagedKvView<const float>{kf.data(), vf.data(), tables.data() + seq * static_cast<std::size_t>(max_blocks),
+  [[nodiscard]] PagedKvView<const float> view(std::size_t seq) const { return view_of(seq, vf); }
+  /// The same cache with |V|: attention over it gives the weight `a` of the tensor-core bound.
+  [[nodiscard]] PagedKvView<const float> abs_view(std::size_t seq) const { return view_of(seq, vabs); }
+
+ private:
+  std::vector<float> vabs;
+  [[nodiscard]] PagedKvView<const float> view_of(std::size_t seq, const std::vector<float>& values) const {
+    return PagedKvView<const float>{kf.data(), values.data(), tables.data() + seq * static_cast<std::size_t>(max_blocks),
                                     max_blocks, bs, kvh, d};
   }
 };
 
+/// The bound of one output value (see above): r the reference, a the reference over |V|, `bf16_p` for the
+/// tensor-core kernels.
+float tolerance(float r, float a, bool bf16_p) { return std::ldexp(std::fabs(r) + (bf16_p ? a : 0.0f), -8) + 1e-4f; }
+
 /// Counts values outside the bound (reporting the first few); NaN counts as outside.
-int compare(const std::vector<std::uint16_t>& got, const std::vector<float>& ref) {
+int compare(const std::vector<std::uint16_t>& got, const std::vector<float>& ref, const std::vector<float>& weight,
+            bool bf16_p) {
   int bad = 0;
   double worst = 0.0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
     const float g = bf16_to_f32(got[i]), r = ref[i];
-    const float tol = std::ldexp(std::fabs(r), -8) + 1e-4f;
+    const float tol = tolerance(r, weight[i], bf16_p);
     const float err = std::fabs(g - r);
     if (std::isfinite(g)) worst = std::max(worst, static_cast<double>(err / tol));
     if (!(err <= tol) && ++bad <= 5) FAIL_CHECK("value " << i << ": got " << g << ", reference " << r);
@@ -134,12 +156,13 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
   const auto qf = to_f32(q);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
-  std::vector<float> ref(qn);
+  std::vector<float> ref(qn), weight(qn);
   const AttentionShape shape{H, kvh, D, scale};
   for (int s = 0; s < S; ++s) {
-    const std::size_t at = static_cast<std::size_t>(s) * H * D;
-    kernels::cpu::attention(shape, qf.data() + at, ref.data() + at, lens[static_cast<std::size_t>(s)] - 1, 1,
-                            cache.view(static_cast<std::size_t>(s)));
+    const auto su = static_cast<std::size_t>(s);
+    const std::size_t at = su * H * D;
+    kernels::cpu::attention(shape, qf.data() + at, ref.data() + at, lens[su] - 1, 1, cache.view(su));
+    kernels::cpu::attention(shape, qf.data() + at, weight.data() + at, lens[su] - 1, 1, cache.abs_view(su));
   }
 
   test::DeviceMem dk(cache.k.size() * 2), dv(cache.v.size() * 2), dt(cache.tables.size() * 4),
@@ -168,7 +191,8 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
   CUDA_REQUIRE(cudaStreamSynchronize(stream));
   std::vector<std::uint16_t> got(qn);
   CUDA_REQUIRE(cudaMemcpy(got.data(), dout.p, qn * 2, cudaMemcpyDeviceToHost));
-  CHECK(compare(got, ref) == 0);
+  // The decode kernel's P·V on the tensor cores takes P as two bf16 parts (hi + lo): held to the f32 bound.
+  CHECK(compare(got, ref, weight, /*bf16_p=*/false) == 0);
 }
 
 }  // namespace
@@ -187,10 +211,11 @@ TEST_CASE("CUDA paged decode attention matches the CPU reference (split-K)", "[c
 
 TEST_CASE("CUDA paged decode attention without a split (grid already full)", "[cuda][attention]") {
   std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
-  for (const Config& c : {Config{4, 128, 16}, Config{1, 64, 8}, Config{8, 64, 32}, Config{3, 128, 32}}) {
-    // 64 x 8 blocks fill the GPU, and contexts under 256 positions (table capacity included) never split.
+  // Group 12 takes two thread blocks per KV head (8 query heads each, the second one partly empty).
+  for (const Config& c : {Config{4, 128, 16}, Config{1, 64, 8}, Config{8, 64, 32}, Config{3, 128, 32}, Config{12, 128, 16}}) {
+    // A table capacity of at most 64 positions (one block step) is never split.
     std::vector<int> lens(64);
-    for (auto& len : lens) len = 1 + static_cast<int>(rng() % 150);
+    for (auto& len : lens) len = 1 + static_cast<int>(rng() % 32);
     run_decode_case(c, lens, 8, rng, false, nullptr);
   }
 }
@@ -201,14 +226,7 @@ namespace {
 //
 // Every case runs through each prefill kernel (set_paged_prefill_path): the CUDA-core fallback and the
 // tensor-core kernel with 64- and 128-query tiles. The CUDA-core kernel is f32 throughout and is held to the
-// bound above. The tensor-core kernel differs in one place that matters: P = exp2(s - m) is rounded to bf16
-// (round to nearest: |p̂ - p| <= 2^-8 p) before O += P·V, while the row sum l is summed from the f32 p. So
-//   |Σ p̂ v / Σ p - Σ p v / Σ p| <= 2^-8 Σ p |v| / Σ p = 2^-8 a,
-// with a = the attention output over |V| (computed by the same CPU reference on a copy of the cache with
-// |V|; a <= max |v| <= 1). Its bound is  |g - r| <= 2^-8 (|r| + a) + 1e-4:  the f32 terms as above (Q·Kᵀ on
-// the tensor cores multiplies bf16 exactly and accumulates in f32), the output rounding 2^-8 |r|, and the
-// second-order term 2^-16 a of rounding the perturbed value inside the 1e-4 margin. A wrong fragment layout,
-// mask or rescale gives errors of the order of |v| itself, far outside.
+// f32 bound, the tensor-core kernel to the bound with the bf16-P term (see the top of this file).
 // The tensor-core outputs are also compared with the CUDA-core ones (same inputs): by the triangle inequality
 // |g_tc - g_cc| <= 2^-8 (2|r| + a) + 2e-4, and both must have written exactly the same values (no NaN).
 
@@ -233,28 +251,6 @@ const char* prefill_path_name(kc::PrefillPath p) {
   }
 }
 
-/// The bound of one prefill output value (see above); `bf16_p` for the tensor-core kernel.
-float prefill_tol(float r, float a, bool bf16_p) {
-  return std::ldexp(std::fabs(r) + (bf16_p ? a : 0.0f), -8) + 1e-4f;
-}
-
-/// Counts values outside the prefill bound (reporting the first few); NaN counts as outside.
-int compare_prefill(const std::vector<std::uint16_t>& got, const std::vector<float>& ref,
-                    const std::vector<float>& weight, bool bf16_p) {
-  int bad = 0;
-  double worst = 0.0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    const float g = bf16_to_f32(got[i]), r = ref[i];
-    const float tol = prefill_tol(r, weight[i], bf16_p);
-    const float err = std::fabs(g - r);
-    if (std::isfinite(g)) worst = std::max(worst, static_cast<double>(err / tol));
-    if (!(err <= tol) && ++bad <= 5) FAIL_CHECK("value " << i << ": got " << g << ", reference " << r);
-  }
-  INFO("worst error / bound: " << worst);
-  CHECK(worst <= 1.0);
-  return bad;
-}
-
 struct Chunk {
   int start, count;  ///< queries at positions start..start+count-1, the cache holding start+count rows
 };
@@ -275,8 +271,6 @@ void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks
     indptr.push_back(indptr.back() + ch.count);
   }
   const Cache cache(lens, c.block_size, kvh, D, rng);
-  std::vector<float> vabs(cache.vf.size());
-  for (std::size_t i = 0; i < vabs.size(); ++i) vabs[i] = std::fabs(cache.vf[i]);
   const auto total_q = static_cast<std::size_t>(indptr.back());
   const std::size_t qn = total_q * H * D;
   const auto q = random_bf16(qn, rng);
@@ -288,10 +282,7 @@ void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks
     const auto su = static_cast<std::size_t>(s);
     const std::size_t at = static_cast<std::size_t>(indptr[su]) * H * D;
     kernels::cpu::attention(shape, qf.data() + at, ref.data() + at, starts[su], chunks[su].count, cache.view(su));
-    const PagedKvView<const float> abs_view{cache.kf.data(), vabs.data(),
-                                            cache.tables.data() + su * static_cast<std::size_t>(cache.max_blocks),
-                                            cache.max_blocks, cache.bs, cache.kvh, cache.d};
-    kernels::cpu::attention(shape, qf.data() + at, weight.data() + at, starts[su], chunks[su].count, abs_view);
+    kernels::cpu::attention(shape, qf.data() + at, weight.data() + at, starts[su], chunks[su].count, cache.abs_view(su));
   }
   test::DeviceMem dk(cache.k.size() * 2), dv(cache.v.size() * 2), dt(cache.tables.size() * 4), dl(lens.size() * 4),
       dind(indptr.size() * 4), dst(starts.size() * 4), dq(qn * 2), dout(qn * 2 + 16);
@@ -316,7 +307,7 @@ void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
     outs.push_back(download<std::uint16_t>(out, qn));
     const bool bf16_p = path != kc::PrefillPath::cuda_cores && !misaligned_out;
-    CHECK(compare_prefill(outs.back(), ref, weight, bf16_p) == 0);
+    CHECK(compare(outs.back(), ref, weight, bf16_p) == 0);
   }
   // The tensor-core kernels against the CUDA-core one.
   for (std::size_t k = 1; k < outs.size(); ++k) {
@@ -325,7 +316,7 @@ void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks
     double worst = 0.0;
     for (std::size_t i = 0; i < qn; ++i) {
       const float gt = bf16_to_f32(outs[k][i]), gc = bf16_to_f32(outs[0][i]);
-      const float tol = prefill_tol(ref[i], weight[i], true) + prefill_tol(ref[i], 0.0f, false);
+      const float tol = tolerance(ref[i], weight[i], true) + tolerance(ref[i], 0.0f, false);
       const float err = std::fabs(gt - gc);
       if (std::isfinite(err)) worst = std::max(worst, static_cast<double>(err / tol));
       if (!(err <= tol) && ++bad <= 5) FAIL_CHECK("value " << i << ": " << gt << " against " << gc);
@@ -410,53 +401,79 @@ TEST_CASE("CUDA paged attention rejects bad arguments", "[cuda][attention]") {
   CHECK_NOTHROW(kc::paged_decode_attention(bad, qp, 1, 1.0f, op, nullptr, 0, nullptr));
 }
 
-TEST_CASE("CUDA paged decode attention bandwidth", "[cuda][attention][.bench]") {
-  // batch 64, context 2048, 32 query / 8 KV heads, head_dim 128, block 16: 512 MiB of K+V per step.
-  constexpr int S = 64, L = 2048, H = 32, KVH = 8, D = 128, BS = 16;
-  constexpr int MB = L / BS;
-  const std::size_t blocks = static_cast<std::size_t>(S) * MB;
-  const std::size_t kv_elems = blocks * BS * KVH * D;
-  test::DeviceMem dk(kv_elems * 2), dv(kv_elems * 2), dt(blocks * 4), dl(S * 4), dq(S * H * D * 2), dout(S * H * D * 2);
-  CUDA_REQUIRE(cudaMemset(dk.p, 0x3c, kv_elems * 2));
-  CUDA_REQUIRE(cudaMemset(dv.p, 0x3c, kv_elems * 2));
-  CUDA_REQUIRE(cudaMemset(dq.p, 0x3c, S * H * D * 2));
-  std::mt19937 rng(7);
-  std::vector<std::int32_t> ids(blocks);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  upload(dt, ids);
-  upload(dl, std::vector<std::int32_t>(S, L));
-  const kc::PagedKvBatch batch{dk.as<const std::uint16_t>(), dv.as<const std::uint16_t>(), dt.as<const std::int32_t>(),
-                               dl.as<const std::int32_t>(), S, MB, BS, KVH, D};
-  const std::size_t ws = kc::paged_decode_workspace_bytes(batch, H);
-  test::DeviceMem dws(ws);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  auto step = [&] {
-    kc::paged_decode_attention(batch, dq.as<const std::uint16_t>(), H, scale, dout.as<std::uint16_t>(), dws.as<float>(),
-                               ws, nullptr);
-  };
-  for (int i = 0; i < 5; ++i) step();
+namespace {
+
+/// Median of `iters` timed runs of `fn` (CUDA events on the legacy stream), after 5 warm-up runs; in ms.
+template <class Fn>
+double median_ms(Fn&& fn, int iters = 50) {
+  for (int i = 0; i < 5; ++i) fn();
   cudaEvent_t a, b;
   CUDA_REQUIRE(cudaEventCreate(&a));
   CUDA_REQUIRE(cudaEventCreate(&b));
   std::vector<float> ms;
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < iters; ++i) {
     CUDA_REQUIRE(cudaEventRecord(a));
-    step();
+    fn();
     CUDA_REQUIRE(cudaEventRecord(b));
     CUDA_REQUIRE(cudaEventSynchronize(b));
     float t = 0;
     CUDA_REQUIRE(cudaEventElapsedTime(&t, a, b));
     ms.push_back(t);
   }
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
-  const double bytes = 2.0 * static_cast<double>(kv_elems) * 2.0;
-  std::printf("paged decode b%d ctx%d h%d/%d d%d block%d splits %d: median %.1f us, %.2f TB/s (K+V read)\n", S, L, H,
-              KVH, D, BS, kc::paged_decode_num_splits(batch, H), med * 1e3, bytes / (med * 1e-3) / 1e12);
-
   CUDA_REQUIRE(cudaEventDestroy(a));
   CUDA_REQUIRE(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+/// One decode-attention shape over random bf16 K, V and q (scrambled block tables, every context full):
+/// prints time, K+V bytes read per second, and that rate over a device-to-device copy measured here
+/// (bytes read + written), the ceiling a bandwidth-bound kernel is held to.
+void bench_decode(int S, int L, int H, int KVH, int D, int BS, double copy_tbs) {
+  const int MB = (L + BS - 1) / BS;
+  const std::size_t blocks = static_cast<std::size_t>(S) * MB;
+  const std::size_t kv_elems = blocks * BS * KVH * D;
+  test::DeviceMem dk(kv_elems * 2), dv(kv_elems * 2), dt(blocks * 4), dl(S * 4), dq(S * H * D * 2), dout(S * H * D * 2);
+  kc::fill_dummy_bf16(dk.as<std::uint16_t>(), kv_elems, 1, 0.0f, 1.0f, nullptr);
+  kc::fill_dummy_bf16(dv.as<std::uint16_t>(), kv_elems, 2, 0.0f, 1.0f, nullptr);
+  kc::fill_dummy_bf16(dq.as<std::uint16_t>(), static_cast<std::size_t>(S) * H * D, 3, 0.0f, 1.0f, nullptr);
+  std::mt19937 rng(7);
+  std::vector<std::int32_t> ids(blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  upload(dt, ids);
+  upload(dl, std::vector<std::int32_t>(static_cast<std::size_t>(S), L));
+  const kc::PagedKvBatch batch{dk.as<const std::uint16_t>(), dv.as<const std::uint16_t>(), dt.as<const std::int32_t>(),
+                               dl.as<const std::int32_t>(), S, MB, BS, KVH, D};
+  const std::size_t ws = kc::paged_decode_workspace_bytes(batch, H);
+  test::DeviceMem dws(ws);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const double med = median_ms([&] {
+    kc::paged_decode_attention(batch, dq.as<const std::uint16_t>(), H, scale, dout.as<std::uint16_t>(), dws.as<float>(),
+                               ws, nullptr);
+  });
+  const double tbs = 2.0 * static_cast<double>(S) * L * KVH * D * 2.0 / (med * 1e-3) / 1e12;
+  std::printf("paged decode b%d ctx%d h%d/%d d%d block%d splits %d: median %.1f us, %.2f TB/s (K+V read), %.0f%% of copy\n",
+              S, L, H, KVH, D, BS, kc::paged_decode_num_splits(batch, H), med * 1e3, tbs, 100.0 * tbs / copy_tbs);
+}
+
+}  // namespace
+
+TEST_CASE("CUDA paged decode attention bandwidth", "[cuda][attention][.bench]") {
+  // The ceiling: a 1 GiB device-to-device copy, read + written bytes over time.
+  constexpr std::size_t kCopy = std::size_t{1} << 30;
+  test::DeviceMem src(kCopy), dst(kCopy);
+  CUDA_REQUIRE(cudaMemset(src.p, 0x5a, kCopy));
+  const double copy_ms = median_ms([&] { CUDA_REQUIRE(cudaMemcpyAsync(dst.p, src.p, kCopy, cudaMemcpyDeviceToDevice)); }, 20);
+  const double copy_tbs = 2.0 * kCopy / (copy_ms * 1e-3) / 1e12;
+  std::printf("device-to-device copy of 1 GiB: %.1f us, %.2f TB/s (read + written)\n", copy_ms * 1e3, copy_tbs);
+  // The issue's shape (batch 64, context 2048, 32 query / 8 KV heads, head_dim 128: 512 MiB of K+V), its
+  // other block sizes, Llama-3-8B's batch-1 decode (one layer, 640 positions), and a large batch of short
+  // contexts as in a throughput run.
+  for (const int bs : {16, 8, 32}) bench_decode(64, 2048, 32, 8, 128, bs, copy_tbs);
+  bench_decode(1, 640, 32, 8, 128, 16, copy_tbs);
+  bench_decode(256, 256, 32, 8, 128, 16, copy_tbs);
+  bench_decode(64, 2048, 9, 3, 64, 16, copy_tbs);  // SmolLM2's heads
 }
 
 TEST_CASE("CUDA paged prefill attention throughput", "[cuda][attention][.bench]") {

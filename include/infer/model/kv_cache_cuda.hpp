@@ -48,6 +48,11 @@ class KvCache<cuda> {
         total > std::numeric_limits<std::size_t>::max() / sizeof(value_type))
       throw InvalidArgument(cat("KvCache<cuda>: ", num_layers, " layers x ", num_blocks, " blocks x ", block_size,
                                 " tokens x ", kv_heads, " heads x ", head_dim, " values does not fit in memory"));
+    // The decode attention kernel addresses one layer's K or V in 32-bit units of 16 bytes.
+    constexpr std::size_t kMaxLayerBytes = std::size_t{64} << 30;
+    if (layer * sizeof(value_type) >= kMaxLayerBytes)
+      throw InvalidArgument(cat("KvCache<cuda>: ", num_blocks, " blocks make one layer's K ", layer * sizeof(value_type),
+                                " bytes; the attention kernels address at most 64 GiB per layer (fewer blocks)"));
     block_elems_ = block;
     layer_elems_ = layer;
     data_ = backend::cuda::DeviceBuffer(total * sizeof(value_type));

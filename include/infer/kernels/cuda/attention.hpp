@@ -38,15 +38,18 @@ struct PagedKvBatch {
 };
 
 /// How many thread blocks split each sequence's context in `paged_decode_attention` for this shape on the
-/// current device: chosen from the context capacity (max_blocks_per_seq * block_size) and the SM count so
-/// that num_seqs * num_kv_heads * splits fills the GPU, each split covering at least 256 positions.
-/// 1 means no split (no workspace, no merge).
+/// current device: chosen from the shapes and the SM count so that num_seqs * num_kv_heads * splits fills
+/// the GPU, at most one split per 64 positions of the table's capacity (max_blocks_per_seq * block_size).
+/// The kernel divides each sequence's actual length (seq_lens, on the device) evenly among its splits, in
+/// steps of 64 positions. 1 means no split (no workspace, no merge).
 [[nodiscard]] int paged_decode_num_splits(const PagedKvBatch& batch, int num_heads);
 
 /// Bytes of f32 workspace `paged_decode_attention` needs for this shape (0 when it does not split).
 [[nodiscard]] std::size_t paged_decode_workspace_bytes(const PagedKvBatch& batch, int num_heads);
 
-/// Decode attention: out[s][h][:] = softmax_p(q[s][h] · K[p] · scale) · V[p] over p < seq_lens[s].
+/// Decode attention: out[s][h][:] = softmax_p(q[s][h] · K[p] · scale) · V[p] over p < seq_lens[s], on the
+/// tensor cores (mma.sync, f32 accumulation; P·V exact to ~2^-16: kernels/cuda/paged_decode_attention.cu).
+/// One layer's K (and V) may span at most 64 GiB (32-bit offsets in 16-byte units).
 /// q and out are [num_seqs][num_heads][head_dim] bf16 on the device. `workspace` (device, f32) must hold
 /// at least `paged_decode_workspace_bytes(batch, num_heads)` bytes. A sequence with seq_len <= 0 gets zeros.
 /// `q_row_stride`: elements from one sequence's q to the next (0: num_heads * head_dim, dense); a larger
