@@ -351,6 +351,61 @@ TEST_CASE("cuda::bf16_gemv matches gemm_xwt for M = 1..8, bf16 and f32 outputs",
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("cuda::bf16_gemv_swiglu matches gemm_xwt followed by SwiGLU", "[cuda][gemm]") {
+  // W = [gate; up] ([2I][K]); y[m][i] = silu(g) * u with g = x[m]·gate_i, u = x[m]·up_i. Against the f32
+  // reference of g and u (gemm_xwt) and silu in double, per value:
+  //   |Δy| <= 2^-8 |y| + 1.1 e_g |u| + |silu(g)| e_u + 1e-6 |y|,
+  // e_g, e_u being the dot products' f32 accumulation bounds (check_close's 2·K·2^-24 · |x|·|w|), 1.1 the
+  // largest |silu'|, 2^-8 |y| the output's rounding to bf16 and 1e-6 |y| silu's own f32 arithmetic.
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  struct Shape {
+    std::int64_t I, K;
+  };
+  const Shape shapes[] = {{1, 8}, {3, 64}, {333, 1000}, {1000, 4096}, {64, 14336}};
+  std::mt19937 rng(fresh_seed("bf16_gemv_swiglu"));
+  for (const Shape& s : shapes) {
+    for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
+      INFO("M=" << M << " I=" << s.I << " K=" << s.K);
+      const std::int64_t N = 2 * s.I;
+      const auto xb = random_bf16(static_cast<std::size_t>(M * s.K), rng);
+      const auto wb = random_bf16(static_cast<std::size_t>(N * s.K), rng);
+      const Reference r = reference(to_f32(xb), to_f32(wb), M, N, s.K);
+      const double acc = 2.0 * static_cast<double>(s.K) * std::ldexp(1.0, -24);
+      test::DeviceMem dx(xb.size() * 2), dw(wb.size() * 2), dy(static_cast<std::size_t>(M * s.I) * 2);
+      upload(dx, xb);
+      upload(dw, wb);
+      CUDA_REQUIRE(cudaMemset(dy.p, 0xff, static_cast<std::size_t>(M * s.I) * 2));  // NaN
+      kc::bf16_gemv_swiglu(dw.as<std::uint16_t>(), dx.as<std::uint16_t>(), M, s.I, s.K, dy.as<std::uint16_t>(), stream);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      const auto got = to_f32(download<std::uint16_t>(dy.p, static_cast<std::size_t>(M * s.I)));
+      int bad = 0;
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t i = 0; i < s.I; ++i) {
+          const auto gi = static_cast<std::size_t>(m * N + i), ui = static_cast<std::size_t>(m * N + s.I + i);
+          const double g = r.y[gi], u = r.y[ui];
+          const double silu = g / (1.0 + std::exp(-g)), want = silu * u;
+          const double bound = std::ldexp(std::fabs(want), -8) + 1.1 * acc * r.abs_y[gi] * std::fabs(u) +
+                               std::fabs(silu) * acc * r.abs_y[ui] + 1e-6 * std::fabs(want) + 1e-30;
+          const double have = got[static_cast<std::size_t>(m * s.I + i)];
+          if (!(std::fabs(have - want) <= bound) && ++bad <= 5)
+            FAIL_CHECK("y[" << m << "][" << i << "] = " << have << ", want " << want << " ± " << bound);
+        }
+      CHECK(bad == 0);
+    }
+  }
+  SECTION("operands bf16_gemv refuses are refused here too") {
+    test::DeviceMem d(4096);
+    CHECK_THROWS_AS(kc::bf16_gemv_swiglu(d.as<std::uint16_t>(), d.as<std::uint16_t>(), 1, 4, 12, d.as<std::uint16_t>(),
+                                         stream),
+                    InvalidArgument);
+    CHECK_THROWS_AS(kc::bf16_gemv_swiglu(d.as<std::uint16_t>(), d.as<std::uint16_t>(), 9, 4, 16, d.as<std::uint16_t>(),
+                                         stream),
+                    InvalidArgument);
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("bench: gguf_gemv GB/s and bf16 Gemm TFLOP/s", "[cuda][.bench][gemm_bench]") {
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));

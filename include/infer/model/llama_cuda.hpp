@@ -6,7 +6,8 @@
 /// Per layer:
 ///   (+x) RMSNorm → qkv GEMM (+ bias) → RoPE + K/V write into the paged cache → attention (decode rows by
 ///   flash-decoding, prefill chunks by the causal kernel) → o GEMM → +x RMSNorm → gate_up GEMM →
-///   SwiGLU → down GEMM, each residual add fused into the norm after it
+///   SwiGLU → down GEMM, each residual add fused into the norm after it, and SwiGLU into the gate_up
+///   GEMV where the Quantizer offers it (bf16 weights at batch 1)
 /// then the final norm on the sampled rows and the LM head (bf16 weights, f32 logits).
 ///
 /// Host work per step is one packing of the step's metadata (ids, positions, cache slots, block tables,
@@ -576,8 +577,10 @@ class LlamaModel<cuda, Q, Attn> {
       Attn::attend(cuda{}, b);
       Q::matmul(ctx, L.o, att, rows, o);
       kernels::cuda::add_bf16_rmsnorm(x, o, L.ffn_norm, T, H, eps, xn, s);
-      project(ctx, L.gate_up, xn, rows, gu);
-      kernels::cuda::swiglu(gu, T, I, act, s);
+      if (!fused_swiglu(ctx, L.gate_up, xn, rows, act)) {
+        project(ctx, L.gate_up, xn, rows, gu);
+        kernels::cuda::swiglu(gu, T, I, act, s);
+      }
       Q::matmul(ctx, L.down, act, rows, o);
       pending = o;
     }
@@ -594,6 +597,17 @@ class LlamaModel<cuda, Q, Attn> {
       kernels::cuda::bf16_gemv(lm_head_, lastn_.as<bf16>(), sh.S, c.vocab_size, H, logits_.as<float>(), s);
     else
       gemm_.run(lastn_.as<bf16>(), lm_head_, logits_.as<float>(), sh.S, c.vocab_size, H, 0.0f, s);
+  }
+
+  /// act = SwiGLU of the gate/up projection in one kernel, when the Quantizer has the optional hook
+  /// (`Q::matmul_swiglu`) and it takes this weight and batch; false (nothing done) otherwise.
+  bool fused_swiglu(CudaMatmulContext& ctx, const Projection& p, const bf16* x, std::int32_t rows, bf16* act) {
+    if constexpr (requires(const linear& w) {
+                    { Q::matmul_swiglu(ctx, w, x, rows, act) } -> std::same_as<bool>;
+                  })
+      return p.parts.size() == 1 && Q::matmul_swiglu(ctx, p.parts.front(), x, rows, act);
+    else
+      return false;
   }
 
   /// A stacked projection: one GEMM, or one per part with its output copied into its columns.

@@ -102,6 +102,19 @@ inline void cuda_matmul(CudaMatmulContext& ctx, const CudaLinear& w, const std::
                              ctx.stream);
 }
 
+/// y[rows][w.out / 2] = silu(x·gateᵀ) * (x·upᵀ) for a stacked [gate; up] weight, in one kernel when that
+/// would be cuda_matmul's GEMV (bf16 weights, rows <= kBf16GemvPreferredRows); returns false, having done
+/// nothing, otherwise.
+inline bool cuda_matmul_swiglu(CudaMatmulContext& ctx, const CudaLinear& w, const std::uint16_t* x, std::int32_t rows,
+                               std::uint16_t* y) {
+  const auto* wd = static_cast<const std::uint16_t*>(w.data);
+  if (w.type != DType::bf16 || rows < 1 || rows > kernels::cuda::kBf16GemvPreferredRows || w.out_features % 2 != 0 ||
+      !kernels::cuda::bf16_gemv_supports(wd, x, w.in_features))
+    return false;
+  kernels::cuda::bf16_gemv_swiglu(wd, x, rows, w.out_features / 2, w.in_features, y, ctx.stream);
+  return true;
+}
+
 }  // namespace infer::detail
 
 #endif  // INFER_HAVE_CUDA

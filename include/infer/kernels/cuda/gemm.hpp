@@ -113,6 +113,13 @@ void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x_bf16, int M, std::
 void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K, float* y_f32,
                void* stream);
 
+/// SwiGLU fused into the gate/up GEMV: w_gate_up is the stacked [2I][K] weight (gate rows 0..I-1, up rows
+/// I..2I-1) and y[m][i] = bf16(silu(g) * u) with g = x[m]·gate_i, u = x[m]·up_i and silu(g) = g / (1 + e^-g),
+/// all in f32: what bf16_gemv into [M][2I] followed by `swiglu` computes, less the rounding of g and u to
+/// bf16 and a kernel. Same requirements and errors as bf16_gemv (with N = I).
+void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x_bf16, int M, std::int64_t I,
+                      std::int64_t K, std::uint16_t* y_bf16, void* stream);
+
 /// Whether `gguf_gemv` takes this weight type.
 [[nodiscard]] constexpr bool gemv_supports(DType type) noexcept {
   return type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_1 || type == DType::q4_k ||
