@@ -49,8 +49,9 @@ namespace infer::kernels::cuda {
 /// which is also what `Sampler::sample` returns for a greedy request without penalties), or -1 where
 /// `Sampler::sample` would throw (a NaN or +inf logit, or every logit -inf). When `out_logprob_or_null`
 /// is given it receives the chosen token's log-softmax over the raw row (NaN for a -1 row), computed
-/// in f32 (an online max/sum, so the logits are read once): within ~(vocab / 1024 + 16) * 3 * 2^-24 of the
-/// CPU's double value. One block of 1024 threads per row, 16-byte loads when the rows allow.
+/// in f32 (an online max/sum, so the logits are read once): within ~(vocab / 2048 + 16) * 3 * 2^-24 of the
+/// CPU's double value. A cluster of 8 blocks of 256 threads per row (rows <= 65535), 16-byte loads when the
+/// rows allow.
 void argmax_rows(const float* logits, int rows, int vocab, std::int32_t* out_ids, float* out_logprob_or_null,
                  void* stream);
 
