@@ -498,9 +498,6 @@ TEST_CASE("CUDA paged prefill attention throughput", "[cuda][attention][.bench]"
   upload(dst, std::vector<std::int32_t>(S, 0));
   CUDA_REQUIRE(cudaMemset(dq.p, 0x3c, qn * 2));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  cudaEvent_t a, b;
-  CUDA_REQUIRE(cudaEventCreate(&a));
-  CUDA_REQUIRE(cudaEventCreate(&b));
   for (const int KVH : {8, 32}) {
     const std::size_t kv_elems = blocks * BS * KVH * D;
     test::DeviceMem dk(kv_elems * 2), dv(kv_elems * 2);
@@ -521,23 +518,10 @@ TEST_CASE("CUDA paged prefill attention throughput", "[cuda][attention][.bench]"
       CUDA_REQUIRE(cudaDeviceSynchronize());
       const auto got = download<std::uint16_t>(dout.p, qn);
       CHECK(std::count(got.begin(), got.end(), kValue) == static_cast<std::ptrdiff_t>(qn));
-      std::vector<float> ms;
-      for (int i = 0; i < 10; ++i) {
-        CUDA_REQUIRE(cudaEventRecord(a));
-        step();
-        CUDA_REQUIRE(cudaEventRecord(b));
-        CUDA_REQUIRE(cudaEventSynchronize(b));
-        float t = 0;
-        CUDA_REQUIRE(cudaEventElapsedTime(&t, a, b));
-        ms.push_back(t);
-      }
-      std::sort(ms.begin(), ms.end());
-      const double med = ms[ms.size() / 2];
+      const double med = median_ms(step, 10);
       const double flops = 4.0 * S * H * D * (static_cast<double>(L) * (L + 1) / 2);
       std::printf("paged prefill b%d s%d h%d/%d d%d block%d causal, %s: median %.2f ms, %.1f TFLOP/s\n", S, L, H, KVH,
                   D, BS, prefill_path_name(path), med, flops / (med * 1e-3) / 1e12);
     }
   }
-  CUDA_REQUIRE(cudaEventDestroy(a));
-  CUDA_REQUIRE(cudaEventDestroy(b));
 }
