@@ -17,11 +17,12 @@
 // Why tensor cores for a bandwidth-bound kernel: the CUDA-core version it replaced reduced every score
 // across 16 lanes with shuffles and spent more issue slots on that than on its loads (2.4-2.8 TB/s on
 // batch 64 x ctx 2048 against a 4.27 TB/s copy). Here a chunk of 16 positions (8 KiB of K and V for
-// D = 128) costs 24 mma, 2 shuffles for the max and 2 for the rescale.
+// D = 128) costs 32 mma, 2 shuffles for the max and 2 for the rescale.
 // Rounding: the tensor cores take bf16, so P is split as P = hi + lo (two bf16 parts, lo the residual)
 // and Oᵀ += Vᵀ·hiᵀ + Vᵀ·loᵀ: P·V is then exact to ~2^-16 relative, like the f32 kernel this replaced
 // (P rounded to bf16 alone perturbs the output by up to 2^-8 Σ p|v| / Σ p, enough to flip near-ties of
-// greedy decoding against an f32 reference more often). The 8 extra mma per chunk cost no time here.
+// greedy decoding against an f32 reference more often). The 8 extra mma per chunk and the registers
+// they hold cost a few percent: 3.81 TB/s with P in bf16 alone, 3.63-3.70 with both parts (H200).
 //
 // Splits: the grid has a fixed number of splits per sequence (chosen on the host from the shapes, so a
 // CUDA graph can replay it), but the positions of a split are computed on the device from the sequence's
@@ -51,8 +52,9 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 16;       ///< positions per warp step (one mma K extent)
 constexpr int kStep = kWarps * kChunk;  ///< positions per block step: the granule of split lengths
 constexpr int kMaxGroup = 8;     ///< query heads per block: the N extent of Oᵀ's mma
-/// Three blocks (12 warps) per SM, each keeping a chunk of K or V in flight, saturate HBM (3.8 TB/s
-/// measured at D = 128); the bound keeps the compiler under the 168 registers that allows.
+/// Three blocks (12 warps) per SM, each keeping a chunk of K or V in flight, come near HBM's copy rate
+/// (3.6-3.8 TB/s measured at D = 128); the bound keeps the compiler under the 168 registers that allows
+/// (unbounded it takes 178, and two blocks per SM).
 constexpr int kMinBlocksPerSm = 3;
 constexpr int kMaxSplits = 256;
 /// Block-table entries a thread block stages in shared memory at a time.
