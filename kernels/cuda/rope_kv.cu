@@ -142,6 +142,10 @@ void rope_write_kv(std::uint16_t* qkv_bf16, const std::int32_t* positions, const
     throw InvalidArgument(detail::cat("cuda::rope_write_kv: a row of ", nq, " + 2 * ", nkv, " heads of ", hd,
                                       " values is too long"));
   if (T > 0x7fffffff) throw InvalidArgument(detail::cat("cuda::rope_write_kv: ", T, " tokens exceed one grid"));
+  // A token's units (one pair, or one value of v, per thread at most) spread over grid.y blocks.
+  if ((static_cast<std::int64_t>(nq + nkv) * hd / 2 + static_cast<std::int64_t>(nkv) * hd) > std::int64_t{65535} * kThreads)
+    throw InvalidArgument(detail::cat("cuda::rope_write_kv: ", nq, " + ", nkv, " heads of ", hd,
+                                      " values are more than one token's row of blocks can take"));
   if (T == 0 || nq + nkv == 0) return;
   const void* ptrs[] = {qkv_bf16, positions, inv_freq, slot};
   const char* names[] = {"qkv", "positions", "inv_freq", "slot"};
