@@ -58,8 +58,12 @@ with Server(bin_dir, model, "--max-num-seqs", "2", "--max-waiting", "4") as s:
           f"503 bodies: {refused[:1]}")
     check(all(s.post("/v1/completions", {"prompt": "x", "max_tokens": 1})[0] == 200 for _ in range(3)),
           "after the burst the server serves again")
+    # /metrics is the engine thread's last published snapshot, and it publishes after it has handed a step's
+    # finished responses to their clients: right after a response the gauges may still show that request
+    # admitted and waiting (no KV yet). Wait for both, bounded, as the soak below does.
     usage = s.wait_metric("infer:kv_cache_usage_perc", lambda v: v == 0)
-    check(usage == 0 and s.metric("infer:num_requests_waiting") == 0, f"KV usage {usage} and queue empty after the burst")
+    waiting = s.wait_metric("infer:num_requests_waiting", lambda v: v == 0)
+    check(usage == 0 and waiting == 0, f"KV usage {usage} and queue ({waiting} waiting) empty after the burst")
     check(s.metric("infer:requests_rejected_total", reason="queue_full") == len(refused),
           "every refusal counted in infer:requests_rejected_total")
     hdrs = [o[1] for o in refused]
