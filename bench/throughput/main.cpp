@@ -2,7 +2,10 @@
 // benchmark_throughput: requests/s, output tokens/s and total (prompt + output) tokens/s. Prompts are random
 // token ids of --input-len (EOS ignored, exactly --output-len new tokens each) or come from a JSONL dataset:
 // one object per line with "prompt" (text, tokenized by the model) or "prompt_ids", and optionally
-// "output_len". Prints a table; --output-json writes the record.
+// "output_len". Greedy by default; --temperature / --top-p / --top-k make every request draw (seeded by
+// its index), on the device unless --host-sampling. On the GPU each step's device time is measured too,
+// so the table shows how much of the run the device was busy and the host's time per step around it.
+// Prints a table; --output-json writes the record.
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -21,6 +24,17 @@ struct ThroughputFlags {
   std::int32_t output_len = 128;
   std::string dataset;
   bool honor_eos = false;  ///< dataset runs only: stop at EOS instead of generating output_len tokens
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  std::int32_t top_k = 0;
+  bool host_sampling = false;  ///< EngineOptions::device_sampling = false
+};
+
+/// Wall and device time of the measured steps.
+struct StepTimes {
+  std::int64_t steps = 0;
+  double wall_s = 0;
+  double device_s = 0;  ///< 0 when the model does not time its steps (CPU)
 };
 
 struct Request {
@@ -66,7 +80,9 @@ std::vector<Request> make_requests(const E& engine, const ThroughputFlags& f) {
 template <class E>
 int run(const bench::ModelFlags& mf, ThroughputFlags f) {
   // Random requests need exactly input + output positions; a dataset gets the model's context.
-  E engine(mf.source(), mf.options(f.dataset.empty() ? f.input_len + f.output_len : 0));
+  EngineOptions options = mf.options(f.dataset.empty() ? f.input_len + f.output_len : 0);
+  options.device_sampling = !f.host_sampling;
+  E engine(mf.source(), options);
   const std::vector<Request> reqs = make_requests(engine, f);
   // A short warm-up batch picks the GEMM plans of the shapes ahead outside the measurement.
   {
@@ -79,15 +95,29 @@ int run(const bench::ModelFlags& mf, ThroughputFlags f) {
     for (int i = 0; i < 8; ++i) engine.add_request(bench::random_prompt(len, engine.model().config().vocab_size, rng), p);
     (void)engine.run_to_completion();
   }
+  constexpr bool kTimed = requires { engine.model().set_step_timing(true); };
+  if constexpr (kTimed) engine.model().set_step_timing(true);
   const auto t0 = std::chrono::steady_clock::now();
-  for (const auto& r : reqs) {
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
     SamplingParams p;
-    p.temperature = 0;
+    p.temperature = f.temperature;
+    p.top_p = f.top_p;
+    p.top_k = f.top_k;
+    p.seed = i;
     p.ignore_eos = f.dataset.empty() || !f.honor_eos;
-    p.max_tokens = r.output_len;
-    engine.add_request(r.prompt, p);
+    p.max_tokens = reqs[i].output_len;
+    engine.add_request(reqs[i].prompt, p);
   }
-  const std::vector<RequestOutput> outs = engine.run_to_completion();
+  std::vector<RequestOutput> outs;
+  StepTimes times;
+  while (engine.has_unfinished()) {
+    const auto s0 = std::chrono::steady_clock::now();
+    for (auto& o : engine.step())
+      if (o.finished) outs.push_back(std::move(o));
+    times.wall_s += seconds_since(s0);
+    times.steps++;
+    if constexpr (kTimed) times.device_s += engine.model().last_step_device_ms() * 1e-3;
+  }
   const double elapsed = seconds_since(t0);
   double prompt_tokens = 0, output_tokens = 0;
   std::vector<double> ttft, latency;
@@ -108,6 +138,10 @@ int run(const bench::ModelFlags& mf, ThroughputFlags f) {
   std::printf("  %-26s %10.1f tok/s\n", "total tokens", (prompt_tokens + output_tokens) / elapsed);
   std::printf("  %-26s %10.1f ms mean, %.1f ms p99\n", "time to first token", bench::mean(ttft) * 1e3,
               bench::percentile(ttft, 0.99) * 1e3);
+  if (times.device_s > 0)
+    std::printf("  %-26s %10.1f %% of %lld steps' wall time; host %.2f ms per step around it\n", "device busy",
+                100.0 * times.device_s / times.wall_s, static_cast<long long>(times.steps),
+                (times.wall_s - times.device_s) / static_cast<double>(times.steps) * 1e3);
   std::printf("  KV pool: %d blocks, preemptions %lld; all blocks free after the run: %s\n", kv.total_blocks,
               static_cast<long long>(st.preemptions), kv.free_blocks == kv.total_blocks ? "yes" : "NO");
 
@@ -119,6 +153,10 @@ int run(const bench::ModelFlags& mf, ThroughputFlags f) {
   doc["settings"]["output_len"] = f.output_len;
   doc["settings"]["dataset"] = f.dataset;
   doc["settings"]["ignore_eos"] = f.dataset.empty() || !f.honor_eos;
+  doc["settings"]["temperature"] = f.temperature;
+  doc["settings"]["top_p"] = f.top_p;
+  doc["settings"]["top_k"] = f.top_k;
+  doc["settings"]["device_sampling"] = !f.host_sampling;
   doc["results"] = {{"elapsed_s", elapsed},
                     {"requests_per_s", static_cast<double>(outs.size()) / elapsed},
                     {"output_tokens_per_s", output_tokens / elapsed},
@@ -128,6 +166,9 @@ int run(const bench::ModelFlags& mf, ThroughputFlags f) {
                     {"ttft_ms_mean", bench::mean(ttft) * 1e3},
                     {"ttft_ms_p99", bench::percentile(ttft, 0.99) * 1e3},
                     {"latency_ms_mean", bench::mean(latency) * 1e3},
+                    {"steps", times.steps},
+                    {"step_wall_s", times.wall_s},
+                    {"step_device_s", times.device_s},
                     {"kv_blocks", kv.total_blocks},
                     {"preemptions", st.preemptions},
                     {"all_blocks_free", kv.free_blocks == kv.total_blocks}};
@@ -147,6 +188,12 @@ int main(int argc, char** argv) {
   app.add_option("--output-len", f.output_len, "generated tokens per request (EOS ignored)")->check(CLI::PositiveNumber);
   app.add_option("--dataset", f.dataset, "JSONL: {\"prompt\": text | \"prompt_ids\": [...], \"output_len\": n}");
   app.add_flag("--honor-eos", f.honor_eos, "dataset runs: stop at EOS instead of generating output_len tokens");
+  app.add_option("--temperature", f.temperature, "sampling temperature of every request (0 = greedy)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", f.top_p, "nucleus sampling mass (1 = off)")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--top-k", f.top_k, "keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--host-sampling", f.host_sampling,
+               "cuda: copy the logits of sampled requests to the host and draw there (EngineOptions::device_sampling off)");
   CLI11_PARSE(app, argc, argv);
   return bench::with_engine("infer-bench-throughput", mf, [&]<class E>() { return run<E>(mf, f); });
 }

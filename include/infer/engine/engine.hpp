@@ -257,43 +257,63 @@ class Engine {
       chunks_.push_back(ForwardChunk{tokens, c.start, alloc_.block_table(*c.seq), c.samples});
       stats_.computed_tokens += c.count;
     }
-    // Greedy-only steps on a model that can take the argmax itself bring back ids, not logits.
-    bool greedy_only = false;
-    if constexpr (requires { model_.forward_greedy(chunks_, cache_, greedy_ids_); }) {
-      greedy_only = true;
-      for (const ScheduledChunk& c : plan.chunks)
-        if (c.samples && !plain_greedy(*owner(c.seq), *c.seq)) greedy_only = false;
-    }
+    const Pick pick = choose_pick(plan);
     try {
-      if constexpr (requires { model_.forward_greedy(chunks_, cache_, greedy_ids_); }) {
-        if (greedy_only) model_.forward_greedy(chunks_, cache_, greedy_ids_);
-        else model_.forward(chunks_, cache_, logits_);
-      } else {
-        model_.forward(chunks_, cache_, logits_);
+      if constexpr (kDeviceArgmax) {
+        if (pick == Pick::device_argmax) model_.forward_greedy(chunks_, cache_, greedy_ids_);
       }
+      if constexpr (kDeviceSample) {
+        if (pick == Pick::device_sample) {
+          sample_rows_.clear();
+          for (const ScheduledChunk& c : plan.chunks) {
+            if (!c.samples) continue;
+            RequestState& req = *owner(c.seq);
+            Sample& s = sample_of(req, c.seq);
+            sample_rows_.push_back(SampleRow{&req.params, s.seq->prompt(), s.seq->output(), &s.rng});
+          }
+          model_.forward_sample(chunks_, cache_, sample_rows_, eos_id_, device_results_);
+        }
+      }
+      if (pick == Pick::host) model_.forward(chunks_, cache_, logits_);
     } catch (const std::exception& e) {
       fail_plan(plan, e.what(), out);
       return out;
     }
 
-    // Sample every row first (a row's logits are processed in place), then apply.
+    // Sample every row first (a row's logits are processed in place), then apply. A row that cannot be
+    // sampled (non-finite logits) fails its request alone.
     const auto vocab = static_cast<std::size_t>(model_.config().vocab_size);
     std::size_t row = 0;
     touched_.clear();
     forks_.clear();
+    failed_.clear();
     for (const ScheduledChunk& c : plan.chunks) {
       if (!c.samples) continue;
       RequestState* req = owner(c.seq);
       Sample& s = sample_of(*req, c.seq);
-      if (greedy_only) {
-        s.pending = SampleResult{greedy_ids_[row++], std::numeric_limits<float>::quiet_NaN(), {}};
+      const std::size_t r = row++;
+      if (pick == Pick::device_argmax || pick == Pick::device_sample) {
+        s.pending = pick == Pick::device_argmax
+                        ? SampleResult{greedy_ids_[r], std::numeric_limits<float>::quiet_NaN(), {}}
+                        : std::move(device_results_[r]);
+        if (s.pending->token < 0) {
+          s.pending.reset();
+          failed_.emplace_back(req->output.id, "the model's logits for this request are not finite (NaN, +inf, or all "
+                                               "-inf): no token can be drawn");
+          continue;
+        }
         touched_.push_back(c.seq);
         continue;
       }
-      auto logits = std::span<float>(logits_).subspan(row++ * vocab, vocab);
+      auto logits = std::span<float>(logits_).subspan(r * vocab, vocab);
       const bool forks_now = req->samples.size() == 1 && req->params.n > 1 && c.seq->num_generated() == 0;
       if (forks_now) fork_rows_.assign(logits.begin(), logits.end());  // the siblings sample from the same row
-      s.pending = draw(*req, s, logits);
+      try {
+        s.pending = draw(*req, s, logits);
+      } catch (const InvalidArgument& e) {  // the sampler's refusal of non-finite logits
+        failed_.emplace_back(req->output.id, e.what());
+        continue;
+      }
       touched_.push_back(c.seq);
       if (forks_now) forks_.push_back(c.seq);
     }
@@ -313,6 +333,8 @@ class Engine {
       RequestState* req = owner(parent);
       for (std::size_t i = 1; i < req->samples.size(); ++i) accept_token(*req, req->samples[i]);
     }
+
+    for (const auto& [id, why] : failed_) fail_request(id, why, out);
 
     // Report every request that changed, then drop the finished ones.
     for (Sequence* seq : touched_) {
@@ -370,6 +392,34 @@ class Engine {
     else return EngineOptions::default_paged_kv_bytes;
   }
 
+  static constexpr bool kDeviceArgmax =
+      requires(model_type& m, std::vector<ForwardChunk>& ch, KvCache<B>& kv, std::vector<std::int32_t>& ids) {
+        m.forward_greedy(ch, kv, ids);
+      };
+  static constexpr bool kDeviceSample =
+      requires(model_type& m, std::vector<ForwardChunk>& ch, KvCache<B>& kv, std::vector<SampleRow>& rows,
+               std::optional<std::int32_t> eos, std::vector<SampleResult>& res) { m.forward_sample(ch, kv, rows, eos, res); };
+
+  /// Where a step's tokens are chosen: from host logits by the CPU Sampler, by the model's argmax on the
+  /// device (every sampled row plain greedy), or by the model's sampler on the device.
+  enum class Pick { host, device_argmax, device_sample };
+
+  /// The cheapest way the model offers that gives every sampled row of `plan` what the CPU path would.
+  /// Rows asking for top logprobs need the whole row on the host, as does the row n > 1 siblings fork
+  /// from (they sample from it after the step).
+  Pick choose_pick(const StepPlan& plan) const {
+    bool all_plain = kDeviceArgmax, device_ok = kDeviceSample && options_.device_sampling;
+    for (const ScheduledChunk& c : plan.chunks) {
+      if (!c.samples) continue;
+      const RequestState& req = *owner(c.seq);
+      all_plain = all_plain && plain_greedy(req, *c.seq);
+      const bool forks_now = req.params.n > 1 && c.seq->num_generated() == 0;
+      device_ok = device_ok && !forks_now && req.params.logprobs.value_or(0) == 0;
+    }
+    if (all_plain) return Pick::device_argmax;
+    return device_ok ? Pick::device_sample : Pick::host;
+  }
+
   /// Whether a request's next token is the plain argmax of the raw logits (greedy, no penalties, no
   /// logprobs, no min_tokens masking, not the row its n > 1 siblings fork from): then a GPU model may
   /// take the argmax on the device and return ids only.
@@ -418,9 +468,7 @@ class Engine {
   }
 
   SampleResult draw(RequestState& req, Sample& s, std::span<float> logits) {
-    const auto prompt = s.seq->prompt();
-    const auto output = std::span<const std::int32_t>(s.seq->tokens).subspan(static_cast<std::size_t>(s.seq->prompt_len));
-    return sampler_.sample_with_logprobs(logits, req.params, prompt, output, s.rng);
+    return sampler_.sample_with_logprobs(logits, req.params, s.seq->prompt(), s.seq->output(), s.rng);
   }
 
   /// The prompt of `parent` is computed: the request's other samples start from its blocks (shared,
@@ -510,15 +558,19 @@ class Engine {
     std::vector<RequestId> ids;
     for (const auto& c : plan.chunks)
       if (auto* r = owner(c.seq)) ids.push_back(r->output.id);
-    for (RequestId id : ids) {
-      auto it = requests_.find(id);
-      if (it == requests_.end()) continue;
-      it->second->output.error = why;
-      for (auto& s : it->second->samples) finish_sample(*it->second, s, FinishReason::error);
-      complete_pending_forks(*it->second, FinishReason::error);
-      out.push_back(it->second->output);
-      retire(it);
-    }
+    for (RequestId id : ids) fail_request(id, why, out);
+  }
+
+  /// Request `id` fails with the message (FinishReason::error on every sample), its blocks return, and
+  /// its final output joins `out`. Unknown (already retired) ids are ignored.
+  void fail_request(RequestId id, const std::string& why, std::vector<RequestOutput>& out) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return;
+    it->second->output.error = why;
+    for (auto& s : it->second->samples) finish_sample(*it->second, s, FinishReason::error);
+    complete_pending_forks(*it->second, FinishReason::error);
+    out.push_back(it->second->output);
+    retire(it);
   }
 
   EngineOptions options_;
@@ -544,7 +596,10 @@ class Engine {
   std::vector<ForwardChunk> chunks_;
   std::vector<float> logits_, fork_rows_, scratch_;
   std::vector<std::int32_t> greedy_ids_;
+  std::vector<SampleRow> sample_rows_;
+  std::vector<SampleResult> device_results_;
   std::vector<Sequence*> touched_, forks_;
+  std::vector<std::pair<RequestId, std::string>> failed_;
 };
 
 }  // namespace infer

@@ -28,6 +28,12 @@ struct EngineOptions {
   /// GPU only: run every step eagerly instead of replaying captured CUDA graphs for decode steps
   /// (vLLM's --enforce-eager). Graphs cut the per-step launch overhead; eager starts faster.
   bool enforce_eager = false;
+  /// GPU only: draw the tokens of sampled (non-greedy, penalized, min_tokens or logprobs) requests on the
+  /// device and bring back ids, as greedy requests always are. false: copy such rows' logits to the host
+  /// and use the CPU Sampler (for comparisons; the tokens agree but for float-rounding ties at a draw's
+  /// boundary). Requests asking for top logprobs, and the row n > 1 siblings fork from, always take the
+  /// host path: they need the whole row.
+  bool device_sampling = true;
   SchedulerConfig scheduler;
 
   void validate() const {

@@ -50,6 +50,7 @@
 #include "infer/model/kv_cache.hpp"
 #include "infer/model/model_config.hpp"
 #include "infer/model/model_source.hpp"
+#include "infer/sampling/device_sampler.hpp"
 
 namespace infer {
 
@@ -161,6 +162,21 @@ class LlamaModel<cuda, Q, Attn> {
     stream_.synchronize();
   }
 
+  /// As forward(), but each sampled row draws its token on the GPU (`DeviceSampler`: the CPU Sampler's
+  /// pipeline of bans, penalties, temperature, top-k/p, min-p and the seeded draw) and only the ids come
+  /// back, with the sampled token's raw logprob for rows that ask for logprobs. `rows` are the sampled
+  /// rows in chunk order; each non-greedy row takes its one draw from its rng here, after the step is
+  /// enqueued (the host stages the rows while the GPU computes). A row whose logits are not finite gets
+  /// token -1. Errors as forward().
+  void forward_sample(std::span<const ForwardChunk> chunks, KvCache<cuda>& cache, std::span<const SampleRow> rows,
+                      std::optional<std::int32_t> eos_id, std::vector<SampleResult>& out) {
+    const std::int32_t n = run(chunks, cache);
+    require<InvalidArgument>(static_cast<std::size_t>(n) == rows.size(), "LlamaModel<cuda>::forward_sample: ",
+                             rows.size(), " sample rows for a step that samples ", n);
+    sampler_.sample(logits_.as<float>(), rows, eos_id, out, stream());
+    device_sampled_rows_ += n;
+  }
+
   /// Measures each step's device time with events (for infer-bench-latency: device time against the
   /// step's wall time shows the host's share). Off by default: the events cost a little per step.
   void set_step_timing(bool on) {
@@ -173,13 +189,13 @@ class LlamaModel<cuda, Q, Attn> {
     return step_timer_ && timed_ ? static_cast<double>(step_timer_->elapsed_ms()) : -1.0;
   }
 
-  /// Device f32 logits [rows][vocab] of the last step (valid until the next one), for GPU samplers.
-  [[nodiscard]] const float* device_logits() const noexcept { return logits_.as<float>(); }
   [[nodiscard]] std::size_t weight_bytes() const noexcept { return times_.weight_bytes; }
   [[nodiscard]] std::size_t num_graphs() const noexcept { return graphs_.size(); }
   /// Steps run by graph replay / eagerly so far.
   [[nodiscard]] std::int64_t graph_steps() const noexcept { return graph_steps_; }
   [[nodiscard]] std::int64_t eager_steps() const noexcept { return eager_steps_; }
+  /// Rows whose token forward_sample() drew on the device so far.
+  [[nodiscard]] std::int64_t device_sampled_rows() const noexcept { return device_sampled_rows_; }
 
  private:
   /// Decode batch sizes with a captured graph (a step of n sequences replays the smallest bucket >= n).
@@ -368,6 +384,7 @@ class LlamaModel<cuda, Q, Attn> {
     lastn_ = backend::cuda::DeviceBuffer(n(S, H, 2));
     logits_ = backend::cuda::DeviceBuffer(n(S, c.vocab_size, 4));
     ids_ = backend::cuda::DeviceBuffer(n(S, 1, 4));
+    sampler_.reserve(S, static_cast<int>(c.vocab_size));
     if (T > kernels::cuda::kGemvMaxRows && scratch_elems_ > 0 && scratch_.size() < scratch_elems_ * 2)
       scratch_ = backend::cuda::DeviceBuffer(scratch_elems_ * 2);
     const MetaLayout m(T, S, width, S);
@@ -669,9 +686,10 @@ class LlamaModel<cuda, Q, Attn> {
   backend::cuda::DeviceBuffer x_, xn_, qkv_, q_, att_, o_, gu_, act_, split_, last_, lastn_, logits_, ids_, scratch_,
       meta_, workspace_;
   backend::cuda::PinnedBuffer pinned_;
+  DeviceSampler sampler_;
   std::map<std::int32_t, Graph> graphs_;
   const KvCache<cuda>* cache_of_graphs_ = nullptr;
-  std::int64_t graph_steps_ = 0, eager_steps_ = 0;
+  std::int64_t graph_steps_ = 0, eager_steps_ = 0, device_sampled_rows_ = 0;
   std::unique_ptr<backend::cuda::EventTimer> step_timer_;
   bool timed_ = false;
 };

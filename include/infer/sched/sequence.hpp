@@ -60,6 +60,10 @@ struct Sequence {
   [[nodiscard]] std::span<const std::int32_t> prompt() const noexcept {
     return std::span<const std::int32_t>(tokens).first(static_cast<std::size_t>(prompt_len));
   }
+  /// The tokens generated so far.
+  [[nodiscard]] std::span<const std::int32_t> output() const noexcept {
+    return std::span<const std::int32_t>(tokens).subspan(static_cast<std::size_t>(prompt_len));
+  }
 };
 
 }  // namespace infer
