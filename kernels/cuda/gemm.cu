@@ -3,8 +3,13 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <map>
+#include <span>
 #include <tuple>
 #include <utility>
 
@@ -62,6 +67,44 @@ struct Plan {
   }
 };
 
+/// What a measured choice is shared by: every M of one power-of-two bucket of one problem family.
+struct BucketKey {
+  std::int64_t bucket, n, k;
+  OutType out;
+  std::uint32_t align_x, align_w, align_y;
+  auto tie() const { return std::tie(bucket, n, k, out, align_x, align_w, align_y); }
+  bool operator<(const BucketKey& o) const { return tie() < o.tie(); }
+};
+
+std::int64_t bucket_of(std::int64_t m) {
+  std::int64_t b = 1;
+  while (b < m) b *= 2;
+  return b;
+}
+
+bool same_algo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+/// Two events for timing candidates, destroyed on every path.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+    const cudaError_t e = cudaEventCreate(&stop);
+    if (e != cudaSuccess) {
+      cudaEventDestroy(start);
+      check_cuda(e, "cudaEventCreate");
+    }
+  }
+  ~EventPair() {
+    cudaEventDestroy(stop);
+    cudaEventDestroy(start);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+};
+
 struct Preference {
   cublasLtMatmulPreference_t p = nullptr;
   Preference() { check_lt(cublasLtMatmulPreferenceCreate(&p), "cublasLtMatmulPreferenceCreate"); }
@@ -76,9 +119,12 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  GemmTuning tuning;
   std::map<Key, Plan> plans;
+  std::map<BucketKey, cublasLtMatmulAlgo_t> measured;  ///< each bucket's timed winner
+  std::size_t overrides = 0;
 
-  explicit Impl(std::size_t ws) : workspace_bytes(ws) {
+  Impl(std::size_t ws, GemmTuning t) : workspace_bytes(ws), tuning(t) {
     check_lt(cublasLtCreate(&handle), "cublasLtCreate");
     if (ws > 0) {
       const cudaError_t e = cudaMalloc(&workspace, ws);
@@ -94,7 +140,16 @@ struct Gemm::Impl {
     if (handle) cublasLtDestroy(handle);
   }
 
-  const Plan& plan(const Key& key) {
+  /// The call's operands, for timing candidates on them (GemmTuning::measured).
+  struct Operands {
+    const void* x;
+    const void* w;
+    void* y;
+    float beta;
+    cudaStream_t stream;
+  };
+
+  const Plan& plan(const Key& key, const Operands& ops) {
     if (auto it = plans.find(key); it != plans.end()) return it->second;
     Plan p;
     const cudaDataType_t out_type = key.out == OutType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -135,15 +190,65 @@ struct Gemm::Impl {
     check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
                                                   sizeof reduction),
              "set REDUCTION_SCHEME_MASK");
-    cublasLtMatmulHeuristicResult_t result{};
+    std::array<cublasLtMatmulHeuristicResult_t, Gemm::kTuneCandidates> results{};
     int found = 0;
-    check_lt(cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref.p, 1, &result, &found),
+    check_lt(cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref.p, Gemm::kTuneCandidates,
+                                            results.data(), &found),
              "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0)
       throw DeviceError(detail::cat("cuda::Gemm: cuBLASLt has no algorithm for M=", key.m, " N=", key.n, " K=", key.k,
                                     key.out == OutType::bf16 ? " (bf16 out)" : " (f32 out)"));
-    p.algo = result.algo;
+    p.algo = results[0].algo;
+    if (tuning == GemmTuning::measured && key.m >= Gemm::kTunedMinRows && key.m <= Gemm::kTunedMaxRows)
+      choose_measured(key, p, std::span(results.data(), static_cast<std::size_t>(found)), ops);
     return plans.emplace(key, std::move(p)).first->second;
+  }
+
+  /// GemmTuning::measured: the bucket's winner if it has one and cuBLASLt takes it for this shape; else,
+  /// when this call may be timed (beta = 0 so repeated runs are harmless, the stream not capturing),
+  /// the fastest candidate, which becomes the bucket's winner. Otherwise the heuristic's choice stays.
+  void choose_measured(const Key& key, Plan& p, std::span<const cublasLtMatmulHeuristicResult_t> candidates,
+                       const Operands& ops) {
+    const BucketKey bk{bucket_of(key.m), key.n, key.k, key.out, key.align_x, key.align_w, key.align_y};
+    if (auto it = measured.find(bk); it != measured.end()) {
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &it->second, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= workspace_bytes)
+        p.algo = it->second;
+      return;
+    }
+    if (ops.beta != 0.0f || candidates.size() < 2) return;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    check_cuda(cudaStreamIsCapturing(ops.stream, &capturing), "cudaStreamIsCapturing");
+    if (capturing != cudaStreamCaptureStatusNone) return;
+    EventPair ev;
+    constexpr int kRuns = 3;
+    const float alpha = 1.0f, beta = 0.0f;
+    float best_ms = std::numeric_limits<float>::infinity();
+    const cublasLtMatmulAlgo_t* best = nullptr;
+    for (const auto& c : candidates) {
+      if (c.state != CUBLAS_STATUS_SUCCESS || c.workspaceSize > workspace_bytes) continue;
+      auto once = [&] {
+        return cublasLtMatmul(handle, p.desc, &alpha, ops.w, p.a, ops.x, p.b, &beta, ops.y, p.c, ops.y, p.c, &c.algo,
+                              workspace, workspace_bytes, ops.stream);
+      };
+      if (once() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a candidate that fails to launch is skipped
+      check_cuda(cudaEventRecord(ev.start, ops.stream), "cudaEventRecord");
+      bool ok = true;
+      for (int r = 0; r < kRuns && ok; ++r) ok = once() == CUBLAS_STATUS_SUCCESS;
+      check_cuda(cudaEventRecord(ev.stop, ops.stream), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(ev.stop), "cudaEventSynchronize");
+      float ms = 0;
+      check_cuda(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime");
+      if (ok && ms < best_ms) {
+        best_ms = ms;
+        best = &c.algo;
+      }
+    }
+    if (best == nullptr) return;
+    overrides += same_algo(*best, p.algo) ? 0 : 1;
+    p.algo = *best;
+    measured.emplace(bk, *best);
   }
 
   void run(const void* x, const void* w, void* y, OutType out, std::int64_t M, std::int64_t N, std::int64_t K,
@@ -158,7 +263,7 @@ struct Gemm::Impl {
                                         x == nullptr ? "x" : (w == nullptr ? "w" : "y"), " pointer for M=", M, " N=", N,
                                         " K=", K));
     const Key key{M, N, K, out, alignment_of(x), alignment_of(w), alignment_of(y)};
-    const Plan& p = plan(key);
+    const Plan& p = plan(key, Operands{x, w, y, beta, static_cast<cudaStream_t>(stream)});
     const float alpha = 1.0f;
     check_lt(cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
                             workspace_bytes, static_cast<cudaStream_t>(stream)),
@@ -166,7 +271,7 @@ struct Gemm::Impl {
   }
 };
 
-Gemm::Gemm(std::size_t workspace_bytes) : impl_(std::make_unique<Impl>(workspace_bytes)) {}
+Gemm::Gemm(std::size_t workspace_bytes, GemmTuning tuning) : impl_(std::make_unique<Impl>(workspace_bytes, tuning)) {}
 Gemm::~Gemm() = default;
 Gemm::Gemm(Gemm&&) noexcept = default;
 Gemm& Gemm::operator=(Gemm&&) noexcept = default;
@@ -182,6 +287,8 @@ void Gemm::run(const std::uint16_t* x, const std::uint16_t* w, float* y, std::in
 }
 
 std::size_t Gemm::cached_plans() const noexcept { return impl_ ? impl_->plans.size() : 0; }
+std::size_t Gemm::tuned_buckets() const noexcept { return impl_ ? impl_->measured.size() : 0; }
+std::size_t Gemm::tuned_overrides() const noexcept { return impl_ ? impl_->overrides : 0; }
 
 void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream) {

@@ -473,6 +473,7 @@ TEST_CASE("CUDA paged decode attention bandwidth", "[cuda][attention][.bench]") 
   for (const int bs : {16, 8, 32}) bench_decode(64, 2048, 32, 8, 128, bs, copy_tbs);
   bench_decode(1, 640, 32, 8, 128, 16, copy_tbs);
   bench_decode(256, 256, 32, 8, 128, 16, copy_tbs);
+  bench_decode(1024, 192, 32, 8, 128, 16, copy_tbs);  // the decode steps of 1024 x (128 in, 128 out), mid-way
   bench_decode(64, 2048, 9, 3, 64, 16, copy_tbs);  // SmolLM2's heads
 }
 

@@ -125,6 +125,37 @@ TEST_CASE("cuda::Gemm bf16 -> bf16 matches gemm_xwt", "[cuda][gemm]") {
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("cuda::Gemm GemmTuning::measured: one timed pick per M bucket, every pick computes the product",
+          "[cuda][gemm]") {
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  kc::Gemm gemm(kc::Gemm::kDefaultWorkspaceBytes, kc::GemmTuning::measured);
+  struct Shape {
+    std::int64_t M, N, K;
+  };
+  // 300 and 400 share bucket 512 (the second reuses the first's pick), 64 is the smallest tuned M, 5000 is
+  // past kTunedMaxRows (heuristic only), 8 below kTunedMinRows.
+  const Shape shapes[] = {{300, 1024, 512}, {400, 1024, 512}, {64, 1000, 1000}, {5000, 256, 256}, {8, 1024, 512}};
+  std::uint32_t seed = 2000;
+  for (const Shape& s : shapes) {
+    INFO("M=" << s.M << " N=" << s.N << " K=" << s.K);
+    std::mt19937 rng(++seed);
+    const auto xb = random_bf16(static_cast<std::size_t>(s.M * s.K), rng);
+    const auto wb = random_bf16(static_cast<std::size_t>(s.N * s.K), rng);
+    const Reference r = reference(to_f32(xb), to_f32(wb), s.M, s.N, s.K);
+    test::DeviceMem dx(xb.size() * 2), dw(wb.size() * 2), dy(r.y.size() * 2);
+    upload(dx.p, xb);
+    upload(dw.p, wb);
+    CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
+    gemm.run(dx.as<std::uint16_t>(), dw.as<std::uint16_t>(), dy.as<std::uint16_t>(), s.M, s.N, s.K, stream);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    check_close(to_f32(download<std::uint16_t>(dy.p, r.y.size())), r.y, r.abs_y, s.K, std::ldexp(1.0, -8), 2.0);
+  }
+  CHECK(gemm.tuned_buckets() == 2);
+  CHECK(gemm.cached_plans() == std::size(shapes));
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("cuda::Gemm bf16 -> f32 with beta accumulates in place", "[cuda][gemm]") {
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
@@ -460,6 +491,39 @@ TEST_CASE("bench: gguf_gemv GB/s and bf16 Gemm TFLOP/s", "[cuda][.bench][gemm_be
                     static_cast<double>(bytes) / (blas * 1e-3) / 1e9);
       }
     }
+  }
+  {
+    // Mid-sized M (a large decode batch, a prefill chunk): cuBLASLt's heuristic pick against the fastest
+    // of its first candidates (GemmTuning::measured), on Llama-3-8B's layers.
+    struct Layer {
+      const char* name;
+      std::int64_t N, K;
+    };
+    kc::Gemm heuristic(kc::Gemm::kDefaultWorkspaceBytes, kc::GemmTuning::heuristic);
+    kc::Gemm measured(kc::Gemm::kDefaultWorkspaceBytes, kc::GemmTuning::measured);
+    constexpr std::int64_t kMaxM = 4096;
+    for (const Layer& l : {Layer{"qkv", 6144, 4096}, Layer{"o", 4096, 4096}, Layer{"gate_up", 28672, 4096},
+                           Layer{"down", 4096, 14336}, Layer{"lm_head", 128256, 4096}}) {
+      test::DeviceMem w(static_cast<std::size_t>(l.N * l.K) * 2), xs(static_cast<std::size_t>(kMaxM * l.K) * 2),
+          ys(static_cast<std::size_t>(kMaxM * l.N) * 2);
+      CUDA_REQUIRE(cudaMemset(w.p, 0x3c, static_cast<std::size_t>(l.N * l.K) * 2));
+      CUDA_REQUIRE(cudaMemset(xs.p, 0x3c, static_cast<std::size_t>(kMaxM * l.K) * 2));
+      for (std::int64_t M : {256, 512, 1024, 2048, 4096}) {
+        const auto time = [&](kc::Gemm& g) {
+          return median_ms(1, stream, [&](int) {
+            g.run(xs.as<std::uint16_t>(), w.as<std::uint16_t>(), ys.as<std::uint16_t>(), M, l.N, l.K, stream);
+          });
+        };
+        const double h = time(heuristic), m = time(measured);
+        const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(l.N) * static_cast<double>(l.K);
+        std::printf("Gemm bf16 %-7s M=%4lld N=%6lld K=%5lld: heuristic %8.1f us %6.1f TFLOP/s, measured %8.1f us "
+                    "%6.1f TFLOP/s (%+.1f%%)\n",
+                    l.name, static_cast<long long>(M), static_cast<long long>(l.N), static_cast<long long>(l.K), h * 1e3,
+                    flop / (h * 1e-3) / 1e12, m * 1e3, flop / (m * 1e-3) / 1e12, (h / m - 1.0) * 100);
+      }
+    }
+    std::printf("GemmTuning::measured: %zu buckets timed, %zu chose another algorithm than the heuristic\n",
+                measured.tuned_buckets(), measured.tuned_overrides());
   }
   {
     const std::int64_t S = 8192;

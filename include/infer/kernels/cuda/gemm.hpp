@@ -24,10 +24,25 @@
 
 namespace infer::kernels::cuda {
 
+/// How `Gemm` picks a problem's cuBLASLt algorithm.
+enum class GemmTuning : std::uint8_t {
+  /// cuBLASLt's heuristic's first choice (host work only).
+  heuristic,
+  /// For M in [kTunedMinRows, kTunedMaxRows] with beta = 0: the fastest of the heuristic's first
+  /// kTuneCandidates, timed with events on the first call's own buffers, once per (power-of-two bucket
+  /// of M, N, K, output type, alignments); other M of a bucket reuse its winner when cuBLASLt accepts it
+  /// for their shape. Where the heuristic's tile choice is worst — mid-sized M, where a wave of tiles
+  /// fills the GPU unevenly — the measured pick is worth its one-time cost (a few ms per bucket, and
+  /// one stream synchronization). Never while the stream is being captured into a graph (the
+  /// heuristic's choice is kept then); larger and smaller M always take the heuristic's.
+  measured,
+};
+
 /// A cuBLASLt handle, its workspace, and one cached plan per problem: the matmul descriptor, the three
-/// matrix layouts and the heuristic's best algorithm, keyed by (M, N, K, output type, pointer
-/// alignments). The first call of a shape asks the heuristic (host work only); later calls of that shape
-/// allocate nothing and make no query, so they are fit for the hot path and for CUDA graph capture.
+/// matrix layouts and the chosen algorithm (see GemmTuning), keyed by (M, N, K, output type, pointer
+/// alignments). The first call of a shape asks the heuristic (and may time candidates); later calls of
+/// that shape allocate nothing and make no query, so they are fit for the hot path and for CUDA graph
+/// capture.
 ///
 /// Row-major ↔ column-major: cuBLAS is column-major, and a row-major [R][C] matrix is the same bytes as
 /// a column-major C×R matrix with leading dimension C. So row-major y[M][N] = x[M][K]·W[N][K]ᵀ is,
@@ -41,8 +56,12 @@ class Gemm {
   /// 32 MiB is what NVIDIA recommends for Hopper's cuBLASLt kernels.
   static constexpr std::size_t kDefaultWorkspaceBytes = std::size_t{32} << 20;
 
+  /// Bounds of the M that GemmTuning::measured times, and how many candidates it times.
+  static constexpr std::int64_t kTunedMinRows = 64;
+  static constexpr std::int64_t kTunedMaxRows = 4096;
+  static constexpr int kTuneCandidates = 8;
   /// Creates the handle and allocates the workspace on the current device. DeviceError on failure.
-  explicit Gemm(std::size_t workspace_bytes = kDefaultWorkspaceBytes);
+  explicit Gemm(std::size_t workspace_bytes = kDefaultWorkspaceBytes, GemmTuning tuning = GemmTuning::measured);
   ~Gemm();
   Gemm(Gemm&&) noexcept;
   Gemm& operator=(Gemm&&) noexcept;
@@ -62,6 +81,10 @@ class Gemm {
 
   /// Number of cached plans (one per distinct problem seen).
   [[nodiscard]] std::size_t cached_plans() const noexcept;
+  /// Buckets whose algorithm was chosen by timing, and how many of those chose another algorithm than
+  /// the heuristic's first (for benchmarks and tests).
+  [[nodiscard]] std::size_t tuned_buckets() const noexcept;
+  [[nodiscard]] std::size_t tuned_overrides() const noexcept;
 
  private:
   struct Impl;
