@@ -30,11 +30,13 @@ struct ThroughputFlags {
   bool host_sampling = false;  ///< EngineOptions::device_sampling = false
 };
 
-/// Wall and device time of the measured steps.
+/// Wall and device time of the measured steps, in all and step by step (for the JSON record: where a
+/// run's time goes between prefill-heavy and decode steps).
 struct StepTimes {
   std::int64_t steps = 0;
   double wall_s = 0;
   double device_s = 0;  ///< 0 when the model does not time its steps (CPU)
+  nlohmann::json log = nlohmann::json::array();  ///< per step: [wall ms, device ms, tokens computed, sequences]
 };
 
 struct Request {
@@ -112,11 +114,17 @@ int run(const bench::ModelFlags& mf, ThroughputFlags f) {
   StepTimes times;
   while (engine.has_unfinished()) {
     const auto s0 = std::chrono::steady_clock::now();
+    const std::int64_t computed = engine.stats().computed_tokens;
+    const auto seqs = static_cast<std::int64_t>(engine.num_running() + engine.num_waiting());
     for (auto& o : engine.step())
       if (o.finished) outs.push_back(std::move(o));
-    times.wall_s += seconds_since(s0);
+    const double wall = seconds_since(s0);
+    double device = 0;
+    if constexpr (kTimed) device = engine.model().last_step_device_ms() * 1e-3;
+    times.wall_s += wall;
+    times.device_s += device;
     times.steps++;
-    if constexpr (kTimed) times.device_s += engine.model().last_step_device_ms() * 1e-3;
+    times.log.push_back({wall * 1e3, device * 1e3, engine.stats().computed_tokens - computed, seqs});
   }
   const double elapsed = seconds_since(t0);
   double prompt_tokens = 0, output_tokens = 0;
@@ -172,6 +180,7 @@ int run(const bench::ModelFlags& mf, ThroughputFlags f) {
                     {"kv_blocks", kv.total_blocks},
                     {"preemptions", st.preemptions},
                     {"all_blocks_free", kv.free_blocks == kv.total_blocks}};
+  doc["step_log"] = {{"columns", {"wall_ms", "device_ms", "tokens", "sequences_before"}}, {"steps", times.log}};
   bench::write_json(mf.output_json, doc);
   return kv.free_blocks == kv.total_blocks ? 0 : 1;
 }

@@ -386,7 +386,7 @@ SamplingParams sampling_mix(std::size_t i, std::int32_t max_tokens, bool host_on
     case 1: p.temperature = 1.0f; p.top_k = 20; p.logprobs = 0; break;
     case 2: p.temperature = 0.7f; p.min_p = 0.05f; p.repetition_penalty = 1.3f; break;
     case 3: p.temperature = 0.0f; p.frequency_penalty = 0.5f; p.presence_penalty = 0.3f; break;
-    case 4: p.temperature = 0.9f; p.min_tokens = 5; p.ignore_eos = false; p.stop_token_ids = {7}; break;
+    case 4: p.temperature = 0.9f; p.min_tokens = std::min(5, max_tokens); p.ignore_eos = false; p.stop_token_ids = {7}; break;
     case 5: p.temperature = 0.0f; break;
     case 6: p.temperature = 0.8f; p.n = 2; break;
     default: p.temperature = 1.2f; p.logprobs = 3; break;

@@ -123,13 +123,22 @@ class LlamaModel<cuda, Q, Attn> {
     grow(cap_tokens_, cap_seqs_, width);
     graphs_.clear();
     if (cuda_graphs) {
+      std::vector<std::int32_t> sizes;
       for (std::int32_t b : kBuckets) {
         if (b > cap_seqs_ || b > cap_tokens_) break;
-        capture(cache, b);
+        sizes.push_back(b);
       }
       // The largest bucket may fall short of max_num_seqs: capture it exactly too.
-      if (cap_seqs_ <= cap_tokens_ && !graphs_.contains(cap_seqs_)) capture(cache, cap_seqs_);
+      if (cap_seqs_ <= cap_tokens_ && (sizes.empty() || sizes.back() != cap_seqs_)) sizes.push_back(cap_seqs_);
+      // Largest first: each capture's warm-up step is where the GEMMs of its M are tuned (GemmTuning::
+      // measured, once per power-of-two bucket of M), so a bucket is tuned at its largest captured size.
+      for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) capture(cache, *it);
     }
+    // Eager decode steps between the last bucket and max_num_seqs: tune their GEMM buckets now, not
+    // during the first requests (a padded warm-up step at each power of two).
+    for (std::int32_t b = 2 * kBuckets.back(); b < cap_seqs_ && b <= cap_tokens_ && b <= kernels::cuda::Gemm::kTunedMaxRows;
+         b *= 2)
+      warm_up(cache, b);
     stream_.synchronize();
     times_.graphs = graphs_.size();
     times_.graphs_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -198,8 +207,12 @@ class LlamaModel<cuda, Q, Attn> {
   [[nodiscard]] std::int64_t device_sampled_rows() const noexcept { return device_sampled_rows_; }
 
  private:
-  /// Decode batch sizes with a captured graph (a step of n sequences replays the smallest bucket >= n).
+  /// Decode batch sizes with a captured graph (a step of n sequences replays the smallest bucket >= n),
+  /// and max_num_seqs itself. Small steps are bound by reading the weights, so a few padding rows cost
+  /// nothing; past the last bucket a step is compute-bound and replays max_num_seqs' graph only when
+  /// the padding is at most kMaxPaddingShare of it (else it runs eagerly at its own size).
   static constexpr std::array<std::int32_t, 16> kBuckets{1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
+  static constexpr std::int32_t kMaxPaddingShare = 8;  ///< 1/8
 
   explicit LlamaModel(const ModelSource& src) : config_(src.config()) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -455,7 +468,7 @@ class LlamaModel<cuda, Q, Attn> {
     std::int32_t bucket = 0;
     if (decode_only && all_sample && !graphs_.empty() && cache_of_graphs_ == &cache && width <= cap_width_) {
       auto it = graphs_.lower_bound(sh.T);
-      if (it != graphs_.end()) {
+      if (it != graphs_.end() && (it->first <= kBuckets.back() || (it->first - sh.T) * kMaxPaddingShare <= it->first)) {
         bucket = it->first;
         graph = &it->second;
       }
@@ -644,18 +657,25 @@ class LlamaModel<cuda, Q, Attn> {
     }
   }
 
-  /// Captures the decode step of `b` sequences. The capture's metadata layout is the one pack() makes
-  /// for a padded decode step of that bucket, so a replay needs only the metadata copy before it.
-  void capture(KvCache<cuda>& cache, std::int32_t b) {
+  /// Runs a decode step of `b` padding rows (they write nothing and attend to nothing), so that cuBLASLt
+  /// picks, tunes and caches its plans for these shapes now; returns the step's shape and layout.
+  std::pair<StepShape, MetaLayout> warm_up(KvCache<cuda>& cache, std::int32_t b) {
     StepShape sh;
     sh.T = sh.C = sh.S = sh.num_decode = b;
     sh.width = cap_width_;
     sh.identity_samples = true;
     const MetaLayout m = pack({}, sh, cache.block_size());  // all padding: valid inputs for a warm-up
     backend::cuda::check(cudaMemcpyAsync(meta_.data(), pinned_.data(), m.bytes, cudaMemcpyHostToDevice, stream()),
-                         "LlamaModel<cuda>: copying capture metadata");
-    compute(cache, sh, m);  // warm-up: cuBLASLt picks and caches its plan for these shapes outside the capture
+                         "LlamaModel<cuda>: copying warm-up metadata");
+    compute(cache, sh, m);
     stream_.synchronize();
+    return {sh, m};
+  }
+
+  /// Captures the decode step of `b` sequences. The capture's metadata layout is the one pack() makes
+  /// for a padded decode step of that bucket, so a replay needs only the metadata copy before it.
+  void capture(KvCache<cuda>& cache, std::int32_t b) {
+    const auto [sh, m] = warm_up(cache, b);
     Graph::begin_capture(stream_.handle());
     try {
       compute(cache, sh, m);

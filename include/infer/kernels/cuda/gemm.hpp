@@ -29,9 +29,10 @@ enum class GemmTuning : std::uint8_t {
   /// cuBLASLt's heuristic's first choice (host work only).
   heuristic,
   /// For M in [kTunedMinRows, kTunedMaxRows] with beta = 0: the fastest of the heuristic's first
-  /// kTuneCandidates, timed with events on the first call's own buffers, once per (power-of-two bucket
-  /// of M, N, K, output type, alignments); other M of a bucket reuse its winner when cuBLASLt accepts it
-  /// for their shape. Where the heuristic's tile choice is worst — mid-sized M, where a wave of tiles
+  /// kTuneCandidates when it beats the heuristic's first by 2% or more, timed with events (two rounds,
+  /// each candidate's better one) on the first call's own buffers, once per (power-of-two bucket of M,
+  /// N, K, output type, alignments); other M of a bucket reuse its pick when cuBLASLt accepts it for
+  /// their shape. Where the heuristic's tile choice is worst — mid-sized M, where a wave of tiles
   /// fills the GPU unevenly — the measured pick is worth its one-time cost (a few ms per bucket, and
   /// one stream synchronization). Never while the stream is being captured into a graph (the
   /// heuristic's choice is kept then); larger and smaller M always take the heuristic's.
