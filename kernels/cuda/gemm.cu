@@ -199,7 +199,9 @@ struct Gemm::Impl {
       throw DeviceError(detail::cat("cuda::Gemm: cuBLASLt has no algorithm for M=", key.m, " N=", key.n, " K=", key.k,
                                     key.out == OutType::bf16 ? " (bf16 out)" : " (f32 out)"));
     p.algo = results[0].algo;
-    if (tuning == GemmTuning::measured && key.m >= Gemm::kTunedMinRows && key.m <= Gemm::kTunedMaxRows)
+    const double flops = 2.0 * static_cast<double>(key.m) * static_cast<double>(key.n) * static_cast<double>(key.k);
+    if (tuning == GemmTuning::measured && key.m >= Gemm::kTunedMinRows && key.m <= Gemm::kTunedMaxRows &&
+        flops >= Gemm::kTunedMinFlops)
       choose_measured(key, p, std::span(results.data(), static_cast<std::size_t>(found)), ops);
     return plans.emplace(key, std::move(p)).first->second;
   }

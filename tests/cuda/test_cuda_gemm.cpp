@@ -133,9 +133,10 @@ TEST_CASE("cuda::Gemm GemmTuning::measured: one timed pick per M bucket, every p
   struct Shape {
     std::int64_t M, N, K;
   };
-  // 300 and 400 share bucket 512 (the second reuses the first's pick), 64 is the smallest tuned M, 5000 is
-  // past kTunedMaxRows (heuristic only), 8 below kTunedMinRows.
-  const Shape shapes[] = {{300, 1024, 512}, {400, 1024, 512}, {64, 1000, 1000}, {5000, 256, 256}, {8, 1024, 512}};
+  // 300 and 400 share bucket 512 (the second reuses the first's pick), 64 is the smallest tuned M; 2000
+  // is past kTunedMaxRows, 8 below kTunedMinRows and 100 x 64 x 64 below kTunedMinFlops (heuristic only).
+  const Shape shapes[] = {{300, 4096, 2048}, {400, 4096, 2048}, {64, 8000, 4000},
+                          {2000, 256, 256},  {8, 1024, 512},    {100, 64, 64}};
   std::uint32_t seed = 2000;
   for (const Shape& s : shapes) {
     INFO("M=" << s.M << " N=" << s.N << " K=" << s.K);
