@@ -4,8 +4,9 @@
 #                                into $BUILD (default build-gpu)
 #   bench/gpu_suite.sh test      every [cuda] test
 #   bench/gpu_suite.sh bench     attention kernel benchmarks, then infer-bench-latency / -throughput on the
-#                                Llama-3-8B and Qwen2.5-7B dummy shapes and on SmolLM2 Q4_1 (with and
-#                                without CUDA graphs); one JSON per run under $OUT (default bench/results/gpu)
+#                                Llama-3-8B and Qwen2.5-7B dummy shapes (greedy, and one sampled throughput
+#                                run) and on SmolLM2 Q4_1 (with and without CUDA graphs); one JSON per run
+#                                under $OUT (default bench/results/gpu)
 #   bench/gpu_suite.sh serve     infer-serve with the Llama-3-8B dummy shape on the GPU (SmolLM2's tokenizer
 #                                for the text), and infer-bench-serve against it at three request rates
 # The default model must be at models/SmolLM2-135M-Instruct.Q4_1.gguf (on the device machine: staged with
@@ -48,6 +49,10 @@ case "${1:-}" in
       run "$bin"/infer-bench-throughput $m8 --num-prompts 1000 --input-len 512 --output-len 128 --max-num-seqs $seqs \
         --max-num-batched-tokens 16384 --output-json "$out/throughput-llama3-8b-1000x512-128-seqs$seqs.json"
     done
+    # The same 1024 requests drawing their tokens (temperature 0.8, top-p 0.95) on the device.
+    run "$bin"/infer-bench-throughput $m8 --num-prompts 1024 --input-len 128 --output-len 128 --max-num-seqs 1024 \
+      --max-num-batched-tokens 16384 --temperature 0.8 --top-p 0.95 \
+      --output-json "$out/throughput-llama3-8b-1024x128-128-seqs1024-sampled.json"
     run "$bin"/infer-bench-latency --dummy qwen2.5-7b --quantizer bf16 --batch-size 1 --input-len 512 --output-len 128 \
       --output-json "$out/latency-qwen2.5-7b-b1-512-128.json"
     sm="--model models/SmolLM2-135M-Instruct.Q4_1.gguf"
