@@ -67,15 +67,6 @@ struct Plan {
   }
 };
 
-/// What a measured choice is shared by: every M of one power-of-two bucket of one problem family.
-struct BucketKey {
-  std::int64_t bucket, n, k;
-  OutType out;
-  std::uint32_t align_x, align_w, align_y;
-  auto tie() const { return std::tie(bucket, n, k, out, align_x, align_w, align_y); }
-  bool operator<(const BucketKey& o) const { return tie() < o.tie(); }
-};
-
 std::int64_t bucket_of(std::int64_t m) {
   std::int64_t b = 1;
   while (b < m) b *= 2;
@@ -121,7 +112,9 @@ struct Gemm::Impl {
   std::size_t workspace_bytes = 0;
   GemmTuning tuning;
   std::map<Key, Plan> plans;
-  std::map<BucketKey, cublasLtMatmulAlgo_t> measured;  ///< each bucket's timed winner
+  /// Each bucket's timed pick, keyed as plans are but with M replaced by its power-of-two bucket: every M of
+  /// a bucket of one problem family shares it.
+  std::map<Key, cublasLtMatmulAlgo_t> measured;
   std::size_t overrides = 0;
 
   Impl(std::size_t ws, GemmTuning t) : workspace_bytes(ws), tuning(t) {
@@ -211,7 +204,8 @@ struct Gemm::Impl {
   /// the fastest candidate, which becomes the bucket's winner. Otherwise the heuristic's choice stays.
   void choose_measured(const Key& key, Plan& p, std::span<const cublasLtMatmulHeuristicResult_t> candidates,
                        const Operands& ops) {
-    const BucketKey bk{bucket_of(key.m), key.n, key.k, key.out, key.align_x, key.align_w, key.align_y};
+    Key bk = key;
+    bk.m = bucket_of(key.m);
     if (auto it = measured.find(bk); it != measured.end()) {
       cublasLtMatmulHeuristicResult_t check{};
       if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &it->second, &check) == CUBLAS_STATUS_SUCCESS &&
