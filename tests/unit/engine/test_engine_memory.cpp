@@ -193,3 +193,66 @@ TEST_CASE("n > 1 edge cases: one token, abort before the fork, abort after it", 
   }
   check_all_blocks_free(engine);
 }
+
+namespace {
+constexpr std::int32_t kPoisonToken = 13;
+
+/// tiny_llama's decoder, except that the logits row of a chunk holding kPoisonToken is NaN: what a model
+/// that overflowed would hand the sampler.
+template <class Inner>
+struct PoisonedDecoder {
+  Inner inner;
+  static PoisonedDecoder load(const ModelSource& s) { return PoisonedDecoder{Inner::load(s)}; }
+  [[nodiscard]] const ModelConfig& config() const noexcept { return inner.config(); }
+  [[nodiscard]] std::size_t kv_bytes_per_token() const noexcept { return inner.kv_bytes_per_token(); }
+  void forward(std::span<const ForwardChunk> chunks, KvCache<cpu>& cache, std::vector<float>& logits) {
+    inner.forward(chunks, cache, logits);
+    const auto vocab = static_cast<std::size_t>(config().vocab_size);
+    std::size_t row = 0;
+    for (const ForwardChunk& c : chunks) {
+      if (!c.samples) continue;
+      if (std::find(c.tokens.begin(), c.tokens.end(), kPoisonToken) != c.tokens.end())
+        std::fill_n(logits.begin() + static_cast<std::ptrdiff_t>(row * vocab), vocab, std::numeric_limits<float>::quiet_NaN());
+      ++row;
+    }
+  }
+};
+struct poisoned_llama {
+  template <class B, class Q, class Attn>
+  using decoder = PoisonedDecoder<LlamaModel<B, Q, Attn>>;
+};
+using PoisonedEngine = Engine<cpu, poisoned_llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
+}  // namespace
+
+TEST_CASE("a request whose logits are not finite fails alone with a message; its blocks return", "[engine][errors]") {
+  PoisonedEngine engine(fixture("tiny_llama"), EngineOptions{});
+  SamplingParams drawn = greedy_params(6);
+  drawn.temperature = 0.8f;
+  drawn.seed = 7;
+  const RequestId fine_greedy = engine.add_request(Tokens{1, 2, 3, 4}, greedy_params(6));
+  const RequestId bad_greedy = engine.add_request(Tokens{5, kPoisonToken, 6}, greedy_params(6));
+  const RequestId fine_drawn = engine.add_request(Tokens{7, 8, 9}, drawn);
+  const RequestId bad_drawn = engine.add_request(Tokens{10, kPoisonToken}, drawn);
+  std::map<RequestId, RequestOutput> out;
+  for (auto& r : engine.run_to_completion()) out[r.id] = r;
+  REQUIRE(out.size() == 4);
+  for (RequestId id : {bad_greedy, bad_drawn}) {
+    INFO("request " << id);
+    CHECK(out[id].outputs[0].finish_reason == FinishReason::error);
+    CHECK_THAT(out[id].error, Contains("finite"));
+    CHECK(out[id].outputs[0].token_ids.empty());
+  }
+  for (RequestId id : {fine_greedy, fine_drawn}) {
+    INFO("request " << id);
+    CHECK(out[id].outputs[0].finish_reason == FinishReason::length);
+    CHECK(out[id].outputs[0].token_ids.size() == 6);
+    CHECK(out[id].error.empty());
+  }
+  check_all_blocks_free(engine);
+  // The engine goes on serving.
+  engine.add_request(Tokens{1, 2}, greedy_params(3));
+  const auto later = engine.run_to_completion();
+  REQUIRE(later.size() == 1);
+  CHECK(later[0].outputs[0].token_ids.size() == 3);
+  check_all_blocks_free(engine);
+}
