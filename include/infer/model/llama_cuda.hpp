@@ -12,9 +12,9 @@
 ///
 /// Host work per step is one packing of the step's metadata (ids, positions, cache slots, block tables,
 /// lengths) into pinned memory and one copy of it; no allocation and no synchronization until the
-/// results are read. Decode-only steps of up to `max_num_seqs` sequences replay a CUDA graph captured at
-/// `prepare()` for the next larger batch bucket (padding rows write nothing and attend to nothing); other
-/// steps run eagerly. q/k/v and gate/up are each stored stacked (one weight) when the Quantizer can
+/// results are read. Decode-only steps replay a CUDA graph captured at `prepare()` for the next larger
+/// batch bucket (up to 256) or for max_num_seqs when that pads at most an eighth of it (padding rows write
+/// nothing and attend to nothing); other steps run eagerly. q/k/v and gate/up are each stored stacked (one weight) when the Quantizer can
 /// (`load_stacked`), else run as separate GEMMs copied into place.
 ///
 /// Weights live in one arena sized by a measuring pass over the same loading code. Not thread-safe.
@@ -134,11 +134,11 @@ class LlamaModel<cuda, Q, Attn> {
       // measured, once per power-of-two bucket of M), so a bucket is tuned at its largest captured size.
       for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) capture(cache, *it);
     }
-    // Eager decode steps between the last bucket and max_num_seqs: tune their GEMM buckets now, not
-    // during the first requests (a padded warm-up step at each power of two).
-    for (std::int32_t b = 2 * kBuckets.back(); b < cap_seqs_ && b <= cap_tokens_ && b <= kernels::cuda::Gemm::kTunedMaxRows;
-         b *= 2)
-      warm_up(cache, b);
+    // Eager decode steps past the last bucket: tune their GEMM buckets now, not during the first
+    // requests (a padded warm-up step at each power of two; max_num_seqs' capture warmed its own size).
+    for (std::int32_t b = 2 * kBuckets.back();
+         b <= cap_seqs_ && b <= cap_tokens_ && b <= kernels::cuda::Gemm::kTunedMaxRows; b *= 2)
+      if (!graphs_.contains(b)) warm_up(cache, b);
     stream_.synchronize();
     times_.graphs = graphs_.size();
     times_.graphs_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
