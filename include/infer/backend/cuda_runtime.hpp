@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -70,6 +71,40 @@ inline std::size_t kv_pool_bytes(double gpu_memory_utilization, std::size_t byte
   return kv_pool_bytes(gpu_memory_utilization, bytes_in_use, memory_info().total);
 }
 
+/// Allocations infer holds right now through DeviceBuffer and PinnedBuffer, counted as they are made and
+/// freed. The device's free memory moves in 2 MiB granules and also follows the driver's own reservations;
+/// these counts move by the byte and only with infer's buffers, so a test can demand they come back exactly.
+struct LiveAllocations {
+  std::int64_t device_buffers = 0, device_bytes = 0, pinned_buffers = 0, pinned_bytes = 0;
+  friend bool operator==(const LiveAllocations&, const LiveAllocations&) = default;
+};
+
+/// The counters behind live_allocations(); DeviceBuffer and PinnedBuffer add and remove themselves.
+class AllocationCounters {
+ public:
+  static void device(std::size_t bytes, int sign) noexcept { add(get().device_buffers, get().device_bytes, bytes, sign); }
+  static void pinned(std::size_t bytes, int sign) noexcept { add(get().pinned_buffers, get().pinned_bytes, bytes, sign); }
+  static LiveAllocations read() noexcept {
+    const Counts& c = get();
+    return {c.device_buffers.load(), c.device_bytes.load(), c.pinned_buffers.load(), c.pinned_bytes.load()};
+  }
+
+ private:
+  struct Counts {
+    std::atomic<std::int64_t> device_buffers{0}, device_bytes{0}, pinned_buffers{0}, pinned_bytes{0};
+  };
+  static Counts& get() noexcept {
+    static Counts c;
+    return c;
+  }
+  static void add(std::atomic<std::int64_t>& buffers, std::atomic<std::int64_t>& bytes, std::size_t n, int sign) noexcept {
+    buffers.fetch_add(sign, std::memory_order_relaxed);
+    bytes.fetch_add(sign * static_cast<std::int64_t>(n), std::memory_order_relaxed);
+  }
+};
+
+inline LiveAllocations live_allocations() noexcept { return AllocationCounters::read(); }
+
 /// Owns one cudaMalloc allocation. Move-only; a moved-from or default buffer is empty (data() null).
 /// upload/download are synchronous copies from/to host memory of the same byte count or less.
 class DeviceBuffer {
@@ -81,7 +116,10 @@ class DeviceBuffer {
   explicit DeviceBuffer(std::size_t bytes) : size_(bytes) {
     if (bytes == 0) return;
     const cudaError_t err = cudaMalloc(&data_, bytes);
-    if (err == cudaSuccess) return;
+    if (err == cudaSuccess) {
+      AllocationCounters::device(size_, +1);
+      return;
+    }
     data_ = nullptr;
     size_ = 0;
     (void)cudaGetLastError();  // clear the (non-sticky) allocation error so later checks see only their own
@@ -157,7 +195,10 @@ class DeviceBuffer {
                                         " does not fit the buffer's ", size_, " bytes"));
   }
   void release() noexcept {
-    if (data_ != nullptr) (void)cudaFree(data_);  // errors here would be from earlier work; never throw
+    if (data_ != nullptr) {
+      (void)cudaFree(data_);  // errors here would be from earlier work; never throw
+      AllocationCounters::device(size_, -1);
+    }
     data_ = nullptr;
     size_ = 0;
   }
@@ -235,16 +276,15 @@ class PinnedBuffer {
   explicit PinnedBuffer(std::size_t bytes) : size_(bytes) {
     if (bytes == 0) return;
     check(cudaMallocHost(&data_, bytes), detail::cat("cudaMallocHost of ", bytes, " bytes").c_str());
+    AllocationCounters::pinned(size_, +1);
   }
-  ~PinnedBuffer() {
-    if (data_ != nullptr) (void)cudaFreeHost(data_);
-  }
+  ~PinnedBuffer() { release(); }
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
   PinnedBuffer(PinnedBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
     if (this != &o) {
-      if (data_ != nullptr) (void)cudaFreeHost(data_);
+      release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
     }
@@ -254,6 +294,13 @@ class PinnedBuffer {
   [[nodiscard]] void* data() const noexcept { return data_; }
 
  private:
+  void release() noexcept {
+    if (data_ == nullptr) return;
+    (void)cudaFreeHost(data_);
+    AllocationCounters::pinned(size_, -1);
+    data_ = nullptr;
+  }
+
   void* data_ = nullptr;
   std::size_t size_ = 0;
 };
