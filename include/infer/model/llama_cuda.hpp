@@ -122,17 +122,19 @@ class LlamaModel<cuda, Q, Attn> {
     const std::int32_t width = (max_model_len + cache.block_size() - 1) / cache.block_size();
     grow(cap_tokens_, cap_seqs_, width);
     graphs_.clear();
+    graph_sizes_.clear();
+    for (std::int32_t b : kBuckets) {
+      if (b > cap_seqs_ || b > cap_tokens_) break;
+      graph_sizes_.push_back(b);
+    }
+    // The largest bucket may fall short of max_num_seqs: capture it exactly too.
+    if (cap_seqs_ <= cap_tokens_ && (graph_sizes_.empty() || graph_sizes_.back() != cap_seqs_))
+      graph_sizes_.push_back(cap_seqs_);
+    prepared_cache_ = &cache;
     if (cuda_graphs) {
-      std::vector<std::int32_t> sizes;
-      for (std::int32_t b : kBuckets) {
-        if (b > cap_seqs_ || b > cap_tokens_) break;
-        sizes.push_back(b);
-      }
-      // The largest bucket may fall short of max_num_seqs: capture it exactly too.
-      if (cap_seqs_ <= cap_tokens_ && (sizes.empty() || sizes.back() != cap_seqs_)) sizes.push_back(cap_seqs_);
       // Largest first: each capture's warm-up step is where the GEMMs of its M are tuned (GemmTuning::
       // measured, once per power-of-two bucket of M), so a bucket is tuned at its largest captured size.
-      for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) capture(cache, *it);
+      for (auto it = graph_sizes_.rbegin(); it != graph_sizes_.rend(); ++it) capture(cache, *it);
     }
     // Eager decode steps past the last bucket: tune their GEMM buckets now, not during the first
     // requests (a padded warm-up step at each power of two; max_num_seqs' capture warmed its own size).
@@ -197,6 +199,12 @@ class LlamaModel<cuda, Q, Attn> {
   [[nodiscard]] double last_step_device_ms() const {
     return step_timer_ && timed_ ? static_cast<double>(step_timer_->elapsed_ms()) : -1.0;
   }
+
+  /// With eager padding, a decode step that would replay a graph but has none (enforce_eager) runs eagerly
+  /// at the graph's shape: its batch padded to the bucket, block tables at full width. The same kernels on
+  /// the same shapes then compute the same bits as the replay would, which is how the tests check the
+  /// graphs bit for bit. Off by default: padding costs an eager step time for nothing.
+  void set_eager_padding(bool on) noexcept { eager_padding_ = on; }
 
   [[nodiscard]] std::size_t weight_bytes() const noexcept { return times_.weight_bytes; }
   [[nodiscard]] std::size_t num_graphs() const noexcept { return graphs_.size(); }
@@ -463,17 +471,17 @@ class LlamaModel<cuda, Q, Attn> {
       width = std::max(width, (c.start + n + bs - 1) / bs);
     }
     sh.prefill_rows = sh.T - sh.num_decode;
-    // A graph serves a decode-only step whose every row samples, padded to its bucket.
+    // A graph serves a decode-only step whose every row samples, padded to its bucket; with eager padding
+    // on and no graph, the same padded step runs eagerly.
     const Graph* graph = nullptr;
-    std::int32_t bucket = 0;
-    if (decode_only && all_sample && !graphs_.empty() && cache_of_graphs_ == &cache && width <= cap_width_) {
-      auto it = graphs_.lower_bound(sh.T);
-      if (it != graphs_.end() && (it->first <= kBuckets.back() || (it->first - sh.T) * kMaxPaddingShare <= it->first)) {
-        bucket = it->first;
-        graph = &it->second;
-      }
+    const std::int32_t bucket =
+        decode_only && all_sample && prepared_cache_ == &cache && width <= cap_width_ ? graph_bucket(sh.T) : 0;
+    if (bucket > 0) {
+      const auto it = graphs_.find(bucket);
+      if (it != graphs_.end()) graph = &it->second;
     }
-    if (graph) {
+    const bool padded = graph != nullptr || (bucket > 0 && eager_padding_);
+    if (padded) {
       sh.T = sh.C = sh.S = sh.num_decode = bucket;
       sh.width = cap_width_;
       sh.identity_samples = true;
@@ -497,7 +505,15 @@ class LlamaModel<cuda, Q, Attn> {
       step_timer_->stop(stream_.handle());
       timed_ = true;
     }
-    return graph ? static_cast<std::int32_t>(chunks.size()) : sh.S;
+    return padded ? static_cast<std::int32_t>(chunks.size()) : sh.S;  // padding rows' logits are not read
+  }
+
+  /// The captured batch size a decode step of `n` rows takes (the smallest one >= n, past the last bucket only
+  /// when padding is at most 1/kMaxPaddingShare of it), or 0 when it runs at its own size.
+  [[nodiscard]] std::int32_t graph_bucket(std::int32_t n) const {
+    const auto it = std::lower_bound(graph_sizes_.begin(), graph_sizes_.end(), n);
+    if (it == graph_sizes_.end()) return 0;
+    return *it <= kBuckets.back() || (*it - n) * kMaxPaddingShare <= *it ? *it : 0;
   }
 
   /// Writes the step's metadata into the pinned buffer; rows beyond the chunks (graph padding) get
@@ -684,7 +700,6 @@ class LlamaModel<cuda, Q, Attn> {
       throw;
     }
     graphs_.emplace(b, Graph::end_capture(stream_.handle()));
-    cache_of_graphs_ = &cache;
   }
 
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
@@ -708,7 +723,9 @@ class LlamaModel<cuda, Q, Attn> {
   backend::cuda::PinnedBuffer pinned_;
   DeviceSampler sampler_;
   std::map<std::int32_t, Graph> graphs_;
-  const KvCache<cuda>* cache_of_graphs_ = nullptr;
+  std::vector<std::int32_t> graph_sizes_;  ///< decode batch sizes with a graph (or, eager, its padded shape)
+  const KvCache<cuda>* prepared_cache_ = nullptr;
+  bool eager_padding_ = false;
   std::int64_t graph_steps_ = 0, eager_steps_ = 0, device_sampled_rows_ = 0;
   std::unique_ptr<backend::cuda::EventTimer> step_timer_;
   bool timed_ = false;
