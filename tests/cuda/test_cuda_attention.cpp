@@ -1,6 +1,6 @@
 // CUDA paged attention (decode with split-K, prefill / chunked prefill) against the CPU reference
 // kernels::cpu::attention, run in f32 on the bf16-rounded inputs through a PagedKvView over a host copy
-// of the cache. Fresh random inputs every run (the seed is printed), block tables scrambled, every cache
+// of the cache. Random inputs from printed seeds (support/test_seed.hpp), block tables scrambled, every cache
 // row that no query may see (past a sequence's length, spare blocks, the spare table entry) left NaN, and
 // the outputs poisoned with NaN first, so a missing write or an out-of-range read shows up as NaN.
 //
@@ -128,6 +128,7 @@ int compare(const std::vector<std::uint16_t>& got, const std::vector<float>& ref
     if (!(err <= tol) && ++bad <= 5) FAIL_CHECK("value " << i << ": got " << g << ", reference " << r);
   }
   INFO("worst error / bound: " << worst);
+  std::printf("  attention: worst error / bound %.3g\n", worst);
   CHECK(worst <= 1.0);
   return bad;
 }
@@ -198,7 +199,7 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
 }  // namespace
 
 TEST_CASE("CUDA paged decode attention matches the CPU reference (split-K)", "[cuda][attention]") {
-  std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
+  std::mt19937 rng(test::test_seed("decode attention, split-K"));
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   for (const Config& c : all_configs()) {
@@ -210,7 +211,7 @@ TEST_CASE("CUDA paged decode attention matches the CPU reference (split-K)", "[c
 }
 
 TEST_CASE("CUDA paged decode attention without a split (grid already full)", "[cuda][attention]") {
-  std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
+  std::mt19937 rng(test::test_seed("decode attention, no split"));
   // Group 12 takes two thread blocks per KV head (8 query heads each, the second one partly empty).
   for (const Config& c : {Config{4, 128, 16}, Config{1, 64, 8}, Config{8, 64, 32}, Config{3, 128, 32}, Config{12, 128, 16}}) {
     // A table capacity of at most 64 positions (one block step) is never split.
@@ -322,6 +323,7 @@ void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks
       if (!(err <= tol) && ++bad <= 5) FAIL_CHECK("value " << i << ": " << gt << " against " << gc);
     }
     INFO("worst difference / bound: " << worst);
+    std::printf("  prefill tensor-core vs CUDA-core: worst difference / bound %.3g\n", worst);
     CHECK(bad == 0);
   }
 }
@@ -329,7 +331,7 @@ void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks
 }  // namespace
 
 TEST_CASE("CUDA paged prefill attention matches the CPU reference (chunked, causal)", "[cuda][attention]") {
-  std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
+  std::mt19937 rng(test::test_seed("prefill attention, chunked"));
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   for (const Config& c : all_configs()) {
@@ -347,7 +349,7 @@ TEST_CASE("CUDA paged prefill attention matches the CPU reference (chunked, caus
 }
 
 TEST_CASE("CUDA paged prefill attention: long chunks, any power-of-two block size", "[cuda][attention]") {
-  std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
+  std::mt19937 rng(test::test_seed("prefill attention, long chunks"));
   // Block sizes 1 and 4 (a table lookup for nearly every row), 256 and 1024 (a tile inside one block); long
   // chunks of many query tiles, with and without a cached prefix.
   for (const Config& c : {Config{4, 128, 1}, Config{3, 64, 4}, Config{1, 128, 256}, Config{2, 64, 1024}}) {
@@ -357,7 +359,7 @@ TEST_CASE("CUDA paged prefill attention: long chunks, any power-of-two block siz
 }
 
 TEST_CASE("CUDA paged prefill attention with a misaligned output takes the CUDA-core kernel", "[cuda][attention]") {
-  std::mt19937 rng(test::fresh_seed("test_cuda_attention"));
+  std::mt19937 rng(test::test_seed("prefill attention, misaligned output"));
   for (const Config& c : {Config{4, 128, 16}, Config{1, 64, 8}})
     run_prefill_case(c, 2, {{0, 130}, {300, 70}}, rng, nullptr, /*misaligned_out=*/true);
 }

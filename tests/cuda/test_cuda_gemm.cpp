@@ -1,7 +1,7 @@
 // Linear layers on the GPU (kernels/cuda/gemm.cu, gguf_gemv.cu) against the CPU reference
 // cpu::gemm_xwt in f32 on the very same inputs (bf16 x and W as floats; GGUF W through cpu::dequantize,
-// rounded to bf16 where the GPU path rounds it). Inputs are fresh random values from fixed seeds (shown
-// on failure); outputs are poisoned with NaN first, so an element never written fails.
+// rounded to bf16 where the GPU path rounds it). Inputs are random values from printed seeds
+// (support/test_seed.hpp); outputs are poisoned with NaN first, so an element never written fails.
 //
 // Error bound, per element, with A = Σ_k |x_mk·w_nk| (the same GEMM on absolute values):
 //   |got − ref| ≤ 2^-8·|ref| + c·K·2^-24·A
@@ -9,7 +9,7 @@
 // K·2^-24·A: the worst-case f32 accumulation error of a K-term sum, for each of GPU and CPU, whose
 // summation orders differ; c = 2 for the GEMMs, c = 8 for the fused GEMV, whose scale folding
 // (a·Σq·x + b·Σx, see gguf_gemv.cu) sums terms up to ~4× larger than |w|·|x| for Q4_1/Q4_K's mins.
-// Also, over the whole output: relative Frobenius error ≤ 1e-2 (bf16: ~1e-3 expected).
+// The worst error / bound of each check is printed, so a run shows how much room each bound leaves.
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
@@ -65,18 +65,17 @@ void check_close(const std::vector<float>& got, const std::vector<float>& ref, c
   REQUIRE(got.size() == ref.size());
   const double acc = c * static_cast<double>(K) * std::ldexp(1.0, -24);
   int bad = 0;
-  double err2 = 0, ref2 = 0;
+  double err2 = 0, ref2 = 0, worst = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
     const double bound = rel * std::fabs(ref[i]) + acc * abs_ref[i] + 1e-30;
+    if (d <= bound) worst = std::max(worst, d / bound);
     if (!(d <= bound) && ++bad <= 5) FAIL_CHECK("element " << i << ": got " << got[i] << ", want " << ref[i] << " ± " << bound);
     err2 += std::isfinite(d) ? d * d : 1e30;
     ref2 += static_cast<double>(ref[i]) * ref[i];
   }
   CHECK(bad == 0);
-  const double frob = std::sqrt(err2 / std::max(ref2, 1e-30));
-  INFO("relative Frobenius error " << frob);
-  CHECK(frob <= 1e-2);
+  std::printf("  worst error / bound %.3g, relative Frobenius error %.3g\n", worst, std::sqrt(err2 / std::max(ref2, 1e-30)));
 }
 
 const DType kGemvTypes[] = {DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k};
@@ -94,7 +93,7 @@ TEST_CASE("cuda::Gemm bf16 -> bf16 matches gemm_xwt", "[cuda][gemm]") {
   const Shape shapes[] = {{1, 64, 256},  {2, 333, 77},  {3, 1000, 1000}, {4, 17, 8},    {5, 128, 129},
                           {6, 1, 512},   {7, 255, 300}, {8, 2048, 512},  {100, 333, 77}, {128, 1000, 1000},
                           {257, 130, 64}};
-  std::uint32_t seed = 1000;
+  std::uint32_t seed = test_seed("cuda::Gemm bf16 -> bf16");
   for (const Shape& s : shapes) {
     for (std::size_t shift : {0, 1}) {  // shift: every pointer one element off its 256-byte alignment
       ++seed;
@@ -137,7 +136,7 @@ TEST_CASE("cuda::Gemm GemmTuning::measured: one timed pick per M bucket, every p
   // is past kTunedMaxRows, 8 below kTunedMinRows and 100 x 64 x 64 below kTunedMinFlops (heuristic only).
   const Shape shapes[] = {{300, 4096, 2048}, {400, 4096, 2048}, {64, 8000, 4000},
                           {2000, 256, 256},  {8, 1024, 512},    {100, 64, 64}};
-  std::uint32_t seed = 2000;
+  std::uint32_t seed = test_seed("cuda::Gemm tuning");
   for (const Shape& s : shapes) {
     INFO("M=" << s.M << " N=" << s.N << " K=" << s.K);
     std::mt19937 rng(++seed);
@@ -167,7 +166,7 @@ TEST_CASE("cuda::Gemm bf16 -> f32 with beta accumulates in place", "[cuda][gemm]
   };
   const Case cases[] = {{1, 576, 1536, 1.0f}, {3, 333, 77, 0.5f}, {8, 1000, 256, 0.0f},
                         {100, 257, 320, 1.0f}, {130, 64, 1000, -2.0f}, {5, 7, 32, 0.0f}};
-  std::uint32_t seed = 2000;
+  std::uint32_t seed = test_seed("cuda::Gemm bf16 -> f32");
   for (const Case& c : cases) {
     ++seed;
     INFO("M=" << c.M << " N=" << c.N << " K=" << c.K << " beta " << c.beta << " seed " << seed);
@@ -200,7 +199,7 @@ TEST_CASE("cuda::Gemm bf16 -> f32 with beta accumulates in place", "[cuda][gemm]
 TEST_CASE("cuda::gguf_gemv matches dequantize + gemm_xwt for every type", "[cuda][gemm]") {
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
-  std::uint32_t seed = 3000;
+  std::uint32_t seed = test_seed("cuda::gguf_gemv");
   for (DType t : kGemvTypes) {
     const std::int64_t be = info(t).block_elems;
     struct Shape {
@@ -244,7 +243,7 @@ TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cud
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   kc::Gemm gemm;
-  std::uint32_t seed = 4000;
+  std::uint32_t seed = test_seed("cuda::gguf_gemm");
   const DType types[] = {DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q5_k, DType::q6_k};
   for (DType t : types) {
     for (std::int64_t M : {64, 9, 3}) {  // 3: gguf_linear's GEMV branch; 64 and 9: the GEMM branch
@@ -348,7 +347,7 @@ TEST_CASE("cuda::bf16_gemv matches gemm_xwt for M = 1..8, bf16 and f32 outputs",
   };
   // N odd and off the 2-row warp tile; K from one chunk to past the 4 x 32-chunk unroll, and ragged.
   const Shape shapes[] = {{1, 8}, {3, 64}, {333, 1000}, {1000, 4096}, {257, 1032}, {64, 14336}};
-  std::mt19937 rng(fresh_seed("bf16_gemv"));
+  std::mt19937 rng(test_seed("cuda::bf16_gemv"));
   for (const Shape& s : shapes) {
     for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
       INFO("M=" << M << " N=" << s.N << " K=" << s.K);
@@ -395,7 +394,7 @@ TEST_CASE("cuda::bf16_gemv_swiglu matches gemm_xwt followed by SwiGLU", "[cuda][
     std::int64_t I, K;
   };
   const Shape shapes[] = {{1, 8}, {3, 64}, {333, 1000}, {1000, 4096}, {64, 14336}};
-  std::mt19937 rng(fresh_seed("bf16_gemv_swiglu"));
+  std::mt19937 rng(test_seed("cuda::bf16_gemv_swiglu"));
   for (const Shape& s : shapes) {
     for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
       INFO("M=" << M << " I=" << s.I << " K=" << s.K);

@@ -1,5 +1,5 @@
 // The decoder's elementwise CUDA kernels (kernels/cuda/ops.hpp) against the CPU reference
-// (kernels::cpu, f32) on the same bf16-rounded inputs. Fresh random inputs every run (seeds printed),
+// (kernels::cpu, f32) on the same bf16-rounded inputs. Random inputs from printed seeds (support/test_seed.hpp),
 // outputs poisoned with NaN (all-ones bytes) first.
 //
 // Error bounds, per output type:
@@ -92,6 +92,7 @@ int count_bad(const char* what, std::size_t n, Got got, const std::vector<float>
     }
   }
   INFO(what << ": worst error / bound = " << worst);
+  std::printf("  %s: worst error / bound %.3g\n", what, worst);
   CHECK(bad == 0);
   return bad;
 }
@@ -99,7 +100,7 @@ int count_bad(const char* what, std::size_t n, Got got, const std::vector<float>
 }  // namespace
 
 TEST_CASE("cuda::embedding gathers bf16 rows into f32 exactly", "[cuda][ops]") {
-  const auto seed = test::fresh_seed("test_cuda_ops");
+  const auto seed = test::test_seed("cuda::embedding");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   const std::int64_t vocab = 1000;
@@ -139,7 +140,7 @@ TEST_CASE("cuda::embedding gathers bf16 rows into f32 exactly", "[cuda][ops]") {
 }
 
 TEST_CASE("cuda::add_rmsnorm and add_bf16_rmsnorm match cpu::add + cpu::rms_norm", "[cuda][ops]") {
-  const auto seed = test::fresh_seed("test_cuda_ops");
+  const auto seed = test::test_seed("cuda::add_rmsnorm");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   const float eps = 1e-6f;
@@ -208,7 +209,7 @@ TEST_CASE("cuda::add_rmsnorm and add_bf16_rmsnorm match cpu::add + cpu::rms_norm
 }
 
 TEST_CASE("cuda::rope_write_kv rotates q and k and writes the paged cache", "[cuda][ops]") {
-  const auto seed = test::fresh_seed("test_cuda_ops");
+  const auto seed = test::test_seed("cuda::rope_write_kv");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   struct Case {
@@ -352,7 +353,7 @@ TEST_CASE("cuda::rope_write_kv rotates q and k and writes the paged cache", "[cu
 }
 
 TEST_CASE("cuda::swiglu matches cpu::swiglu", "[cuda][ops]") {
-  const auto seed = test::fresh_seed("test_cuda_ops");
+  const auto seed = test::test_seed("cuda::swiglu");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   for (std::int64_t T : {1, 7, 33}) {
@@ -385,7 +386,7 @@ TEST_CASE("cuda::swiglu matches cpu::swiglu", "[cuda][ops]") {
 }
 
 TEST_CASE("cuda::add adds bf16 deltas into the f32 residual exactly", "[cuda][ops]") {
-  const auto seed = test::fresh_seed("test_cuda_ops");
+  const auto seed = test::test_seed("cuda::add");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   for (std::int64_t n : {1, 7, 8, 4099, 100000}) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "infer/backend/cuda_runtime.hpp"
+#include "support/test_seed.hpp"
 #include "infer/core/error.hpp"
 
 using namespace infer;
@@ -33,7 +34,7 @@ TEST_CASE("check() turns a CUDA error into a DeviceError naming the error and th
 }
 
 TEST_CASE("DeviceBuffer round-trips bytes, fills, moves and checks sizes", "[cuda][ops][runtime]") {
-  const auto seed = std::random_device{}();
+  const auto seed = test::test_seed("DeviceBuffer round trip");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   const std::size_t n = 1000 + rng() % 5000;

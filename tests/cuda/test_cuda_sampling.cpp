@@ -1,6 +1,6 @@
 // GPU sampling (kernels/cuda/sampling.hpp) against the CPU Sampler, the oracle: the same logits, the
 // same parameters and the same uniform u (drawn on the host from a copy of the same SeqRng), so the
-// two must choose the same token. Fresh random logits every run (seeds printed), outputs poisoned
+// two must choose the same token. Random logits from printed seeds (support/test_seed.hpp), outputs poisoned
 // (ids 0xABABABAB, logprobs NaN) and the workspace poisoned with NaN before every call.
 //
 // Exactness. Greedy rows, penalties, temperature and top-k are computed with the CPU's f32 operations
@@ -398,7 +398,7 @@ void compare_rows(const std::vector<float>& logits, int vocab, const std::vector
 
 TEST_CASE("cuda::argmax_rows matches Sampler's greedy choice: first index of the max, -1 where it throws",
           "[cuda][sampling]") {
-  const auto seed = test::fresh_seed("test_cuda_sampling argmax");
+  const auto seed = test::test_seed("test_cuda_sampling argmax");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   for (int vocab : {1, 7, 1000, 50257, 49152, 128256, 152064}) {
@@ -461,7 +461,7 @@ TEST_CASE("cuda::argmax_rows matches Sampler's greedy choice: first index of the
 }
 
 TEST_CASE("cuda::sample_rows picks the CPU Sampler's token for the same logits and u", "[cuda][sampling]") {
-  const auto seed = test::fresh_seed("test_cuda_sampling sample");
+  const auto seed = test::test_seed("test_cuda_sampling sample");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   Tally t;
@@ -501,7 +501,7 @@ TEST_CASE("cuda::sample_rows picks the CPU Sampler's token for the same logits a
 }
 
 TEST_CASE("cuda::sample_rows: greedy with penalties and bans, error rows, argmax agreement", "[cuda][sampling]") {
-  const auto seed = test::fresh_seed("test_cuda_sampling greedy");
+  const auto seed = test::test_seed("test_cuda_sampling greedy");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   const int vocab = 49152, rows = 48;
@@ -566,7 +566,7 @@ TEST_CASE("cuda::sample_rows: greedy with penalties and bans, error rows, argmax
 }
 
 TEST_CASE("cuda::sample_rows: token frequencies over many draws follow the CPU's distribution", "[cuda][sampling]") {
-  const auto seed = test::fresh_seed("test_cuda_sampling frequencies");
+  const auto seed = test::test_seed("test_cuda_sampling frequencies");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   const int vocab = 3000, rows = 256, launches = 40;
@@ -654,7 +654,7 @@ TEST_CASE("cuda::sample_rows: token frequencies over many draws follow the CPU's
 }
 
 TEST_CASE("cuda::sample_rows: seeded rows are reproducible and independent of the batch", "[cuda][sampling]") {
-  const auto seed = test::fresh_seed("test_cuda_sampling seeds");
+  const auto seed = test::test_seed("test_cuda_sampling seeds");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   const int vocab = 49152, rows = 32;
@@ -696,7 +696,7 @@ TEST_CASE("cuda::sample_rows: seeded rows are reproducible and independent of th
 }
 
 TEST_CASE("cuda::sample_rows can be captured in a CUDA graph and replayed", "[cuda][sampling]") {
-  const auto seed = test::fresh_seed("test_cuda_sampling graph");
+  const auto seed = test::test_seed("test_cuda_sampling graph");
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   const int vocab = 32000, rows = 16;

@@ -1,4 +1,4 @@
-// CUDA dequantization against the CPU reference: fresh random blocks of every type (finite f16
+// CUDA dequantization against the CPU reference: random blocks of every type from printed seeds (finite f16
 // scales), outputs poisoned with NaN first; f32 output must match bit for bit, bf16 output must be the
 // round-to-nearest-even of the CPU value.
 #include <catch2/catch.hpp>
@@ -28,7 +28,7 @@ const DType kTypes[] = {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType:
 }  // namespace
 
 TEST_CASE("CUDA dequantize matches the CPU reference for every type", "[cuda][quant]") {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(test_seed("CUDA dequantize, every type"));
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   for (DType t : kTypes) {

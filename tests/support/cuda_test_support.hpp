@@ -13,6 +13,7 @@
 
 #include "infer/core/dtype.hpp"
 #include "infer/core/half.hpp"
+#include "support/test_seed.hpp"
 
 /// REQUIREs that a CUDA runtime call succeeded, showing the call and CUDA's message otherwise.
 #define CUDA_REQUIRE(expr)                                                    \
@@ -50,13 +51,6 @@ std::vector<T> download(const void* src, std::size_t n) {
   std::vector<T> v(n);
   CUDA_REQUIRE(cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost));
   return v;
-}
-
-/// A fresh seed, printed so that a failure can be replayed.
-inline std::uint32_t fresh_seed(const char* who) {
-  const std::uint32_t seed = std::random_device{}();
-  std::printf("%s: seed %u\n", who, seed);
-  return seed;
 }
 
 /// bf16 bits of N(0, stddev) draws.
