@@ -1,0 +1,147 @@
+#pragma once
+/// \file
+/// The CUDA decoder's bf16 rounding, put into the CPU reference decoder through its Quantizer seam, so
+/// that the tests can *derive* how far GPU logits may lie from the f32 CPU logits instead of guessing.
+///
+/// The CUDA decoder (model/llama_cuda.hpp) keeps the residual stream and every accumulation in f32 and
+/// rounds to bf16 (8 significant bits, unit roundoff u = 2^-8) at these points of each layer:
+///   - the input of every projection (the RMSNorm output, the attention output, the SwiGLU output);
+///   - the output of every projection (q, k, v, o, gate, up, down) — and q and k once more after RoPE
+///     (rotated in place / into the bf16 cache); v goes into the cache as the projection wrote it;
+///   - for GGUF block weights, the weight itself in a GEMM of more than 8 rows (dequantized to bf16 for
+///     cuBLASLt; the fused GEMV of up to 8 rows reads the blocks exactly);
+///   - the final norm's output, the LM head's input (its output, the logits, is f32).
+/// `Bf16Stages` is an F32 Quantizer that applies, at each projection's input and output, as many of
+/// these roundings as the GPU applies there (read off the tensor's role and type at load):
+///   - Mode::round: rounds to bf16, as the GPU does (one rounding per side: rounding twice is rounding once);
+///   - Mode::perturb: Monte Carlo arithmetic (Parker, 1997): each rounding becomes an independent random
+///     relative error, uniform in [-u, u]. Rerun R times, the spread of the logits estimates, per logit,
+///     the standard deviation σ of the error bf16 rounding causes there, for this model and these inputs.
+///     Round-to-nearest's relative error is at most u and rms ~0.42u; uniform in [-u, u] has rms 0.58u,
+///     so σ is overestimated by ~1.4x: the bounds built on it err on the safe side.
+/// Not reachable from this seam (counted as a small slack in the bounds that use σ, see noise_bound):
+/// the embedding rows (bf16 on the GPU; exact for dummy weights), a tied LM head (the CPU decoder
+/// multiplies with its F32 embedding directly) and the Qwen2 bias add (a second rounding of q/k/v).
+/// Other GPU differences are f32-level (summation order, fast exp/rsqrt): ~1e-6 relative, far below σ.
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "infer/concepts.hpp"
+#include "infer/core/dtype.hpp"
+#include "infer/core/half.hpp"
+#include "infer/kernels/cpu_ops.hpp"
+#include "infer/quant/f32.hpp"
+
+namespace infer::test {
+
+struct Bf16Stages {
+  static constexpr std::string_view name = "bf16-stages";
+  static constexpr double kUnitRoundoff = 0.00390625;  ///< 2^-8: bf16 keeps 8 significant bits
+  static constexpr std::int32_t kGemvMaxRows = 8;      ///< kernels::cuda::kGemvMaxRows (not included: CPU build)
+
+  enum class Mode { exact, round, perturb };
+
+  /// What matmul does now, per thread. `Scope` sets it for a block and restores the previous state.
+  struct State {
+    Mode mode = Mode::exact;
+    std::uint64_t rng = 0;  ///< splitmix64 state: millions of draws per step, so a cheap generator
+  };
+  static State& state() {
+    thread_local State s;
+    return s;
+  }
+
+  class Scope {
+   public:
+    explicit Scope(Mode mode, std::uint64_t seed = 0) : saved_(state()) {
+      state().mode = mode;
+      state().rng = seed;
+    }
+    ~Scope() { state() = saved_; }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    State saved_;
+  };
+
+  /// An f32 weight and the bf16 roundings the GPU applies around its GEMM.
+  struct Linear {
+    F32::linear<cpu> w;
+    int out_roundings = 1;        ///< 0 for the LM head (f32 logits), 2 for q and k (again after RoPE)
+    bool weight_rounded = false;  ///< GGUF blocks: dequantized to bf16 for GEMMs of more than 8 rows
+    bool gemv_reads_blocks = false;
+
+    [[nodiscard]] std::int64_t out() const noexcept { return w.out(); }
+    [[nodiscard]] std::int64_t in() const noexcept { return w.in(); }
+  };
+
+  template <class B>
+  using linear = Linear;
+
+  template <class B>
+  static Linear load(const WeightTensor& t, cpu = {}) {
+    Linear l{F32::load<cpu>(t)};
+    const std::string_view n = t.name;
+    const auto ends = [&](std::string_view s) { return n.size() >= s.size() && n.substr(n.size() - s.size()) == s; };
+    if (ends("output.weight") || ends("lm_head.weight")) l.out_roundings = 0;
+    else if (ends("attn_q.weight") || ends("q_proj.weight") || ends("attn_k.weight") || ends("k_proj.weight"))
+      l.out_roundings = 2;
+    const bool exact_bf16 = t.dummy.has_value() || t.type == DType::bf16;
+    l.weight_rounded = !exact_bf16;
+    // GgufInPlace's fused GEMV (kernels/cuda/gguf_gemv.cu) reads these block types exactly.
+    l.gemv_reads_blocks = t.type == DType::q8_0 || t.type == DType::q4_0 || t.type == DType::q4_1 ||
+                          t.type == DType::q4_k || t.type == DType::q6_k;
+    return l;
+  }
+
+  /// y = x · wᵀ with the GPU's roundings around it (none in Mode::exact: F32's matmul).
+  static void matmul(cpu, const Linear& l, const float* x, std::int32_t rows, float* y) {
+    if (state().mode == Mode::exact) {
+      F32::matmul(cpu{}, l.w, x, rows, y);
+      return;
+    }
+    const auto in_n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(l.in());
+    const auto out_n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(l.out());
+    thread_local std::vector<float> xr;
+    xr.assign(x, x + in_n);
+    // The weight's rounding perturbs each product w·x by a relative error, as rounding x does: modelled
+    // as one more rounding of x (same variance of the sum; round mode keeps the weights exact).
+    const bool weight = l.weight_rounded && (rows > kGemvMaxRows || !l.gemv_reads_blocks);
+    apply(xr, 1 + (weight ? 1 : 0));
+    kernels::cpu::gemm_xwt(xr.data(), l.w.data(), y, rows, l.out(), l.in());
+    apply(std::span(y, out_n), l.out_roundings);
+  }
+
+ private:
+  static void apply(std::span<float> v, int roundings) {
+    if (roundings == 0) return;
+    if (state().mode == Mode::round) {
+      for (float& f : v) f = bf16_to_f32(f32_to_bf16(f));
+      return;
+    }
+    std::uint64_t& z = state().rng;
+    for (float& f : v) {
+      double scale = 1.0;
+      for (int i = 0; i < roundings; ++i) scale *= 1.0 + kUnitRoundoff * uniform_pm1(z);
+      f = static_cast<float>(f * scale);
+    }
+  }
+
+  /// Uniform in [-1, 1) from 53 bits of splitmix64.
+  static double uniform_pm1(std::uint64_t& state) noexcept {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * 0x1p-52 - 1.0;
+  }
+};
+
+static_assert(Quantizer<Bf16Stages, cpu>);
+
+}  // namespace infer::test

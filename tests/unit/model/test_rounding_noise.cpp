@@ -1,0 +1,190 @@
+// The derived error bound of whole-model logits (support/rounding_noise.hpp), checked on the CPU where
+// bf16 rounding can be reproduced exactly: the CPU decoder with the GPU's bf16 roundings at its projections
+// (Bf16Stages, round mode) must stay within B_j = 10·σ_j of the exact decoder at every logit, on many seeds
+// (measured: worst |Δ|/σ about 3 over ~10^4 logits, as for a normal sample); and replay_greedy must
+// accept what such an emulated-bf16 engine generates, and reject a token or a logprob that is wrong.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "infer/engine/presets.hpp"
+#include "infer/model/dummy.hpp"
+#include "support/dummy_shapes.hpp"
+#include "support/rounding_noise.hpp"
+#include "support/test_seed.hpp"
+#include "unit/engine/engine_test_support.hpp"
+
+using namespace infer;
+using namespace infer::test;
+
+namespace {
+
+using Tokens = std::vector<std::int32_t>;
+using EmulatedEngine = Engine<cpu, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, Bf16Stages>;
+
+Tokens random_tokens(std::size_t n, std::int64_t vocab, std::mt19937& rng) {
+  Tokens t(n);
+  for (auto& v : t) v = std::uniform_int_distribution<std::int32_t>(2, static_cast<std::int32_t>(vocab - 1))(rng);
+  return t;
+}
+
+/// A prompt, then `steps` greedy decode steps of the exact decoder, each also run with the GPU's bf16
+/// roundings reproduced (its own cache): every logit of every step within the bound; returns the worst
+/// |rounded − exact| / σ seen.
+double rounded_within_bound(const ModelSource& src, std::uint32_t seed, int steps) {
+  const ModelConfig& c = src.config();
+  const auto V = static_cast<std::size_t>(c.vocab_size);
+  std::mt19937 rng(seed);
+  RoundingNoise noise(src, 8, 16, seed);
+  auto rounded = RoundingNoise::Model::load(src);
+  KvCache<cpu> cache(static_cast<std::int32_t>(c.num_layers), 8, 16, static_cast<std::int32_t>(c.num_kv_heads),
+                     static_cast<std::int32_t>(c.head_dim));
+  cache.poison();
+  const Tokens table = {3, 0, 6, 1, 7, 2, 5, 4};  // scrambled
+  Tokens tokens = random_tokens(37, c.vocab_size, rng);
+  std::int32_t pos = 0;
+  std::vector<float> got;
+  double worst = 0;
+  for (int s = 0; s < steps; ++s) {
+    const ForwardChunk chunk{tokens, pos, table, true};
+    const std::vector<double>& sigma = noise.step(std::span(&chunk, 1));
+    {
+      Bf16Stages::Scope round(Bf16Stages::Mode::round);
+      rounded.forward(std::span(&chunk, 1), cache, got);
+    }
+    const std::vector<float>& want = noise.exact();
+    REQUIRE(got.size() == V);
+    std::size_t bad = 0;
+    for (std::size_t j = 0; j < V; ++j) {
+      const double d = std::fabs(static_cast<double>(got[j]) - want[j]);
+      worst = std::max(worst, d / sigma[j]);
+      if (!(d <= noise_bound(want[j], sigma[j])) && ++bad <= 3)
+        FAIL_CHECK("step " << s << ", logit " << j << ": rounded " << got[j] << ", exact " << want[j] << ", σ " << sigma[j]);
+    }
+    pos += static_cast<std::int32_t>(tokens.size());
+    tokens = {static_cast<std::int32_t>(std::max_element(want.begin(), want.end()) - want.begin())};
+  }
+  return worst;
+}
+
+std::vector<GreedyOutput> outputs_of(const std::vector<RequestOutput>& done, const std::vector<Tokens>& prompts) {
+  std::vector<GreedyOutput> out;
+  for (std::size_t i = 0; i < done.size(); ++i)
+    out.push_back({prompts[i], done[i].outputs.at(0).token_ids, done[i].outputs.at(0).logprobs});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Bf16Stages in exact mode is the F32 decoder, bit for bit", "[model][noise]") {
+  const ModelSource src = ModelSource::dummy(small_llama(), 7, "small llama");
+  auto exact = RoundingNoise::Model::load(src);
+  auto f32 = LlamaModel<cpu, F32, PagedAttention<>>::load(src);
+  const ModelConfig& c = src.config();
+  auto cache = [&] {
+    return KvCache<cpu>(static_cast<std::int32_t>(c.num_layers), 4, 16, static_cast<std::int32_t>(c.num_kv_heads),
+                        static_cast<std::int32_t>(c.head_dim));
+  };
+  KvCache<cpu> a = cache(), b = cache();
+  std::mt19937 rng(1);
+  const Tokens prompt = random_tokens(20, c.vocab_size, rng), table = {2, 0, 3, 1};
+  const ForwardChunk chunk{prompt, 0, table, true};
+  std::vector<float> la, lb;
+  exact.forward(std::span(&chunk, 1), a, la);
+  f32.forward(std::span(&chunk, 1), b, lb);
+  CHECK(la == lb);
+}
+
+TEST_CASE("the GPU's bf16 rounding, reproduced on the CPU, stays within the derived bound on every logit",
+          "[model][noise]") {
+  // Two seeds per shape here (CI runs this under sanitizers); INFER_TEST_SEED runs others.
+  for (const ModelConfig& config : {small_llama(), small_qwen2()}) {
+    INFO(config.architecture);
+    for (int k = 0; k < 2; ++k) {
+      const std::uint32_t seed = test_seed(detail::cat("rounded decoder ", config.architecture, " ", k));
+      const double worst = rounded_within_bound(ModelSource::dummy(config, seed, "dummy"), seed, 5);
+      std::printf("  worst |rounded - exact| / sigma %.2f (bound %.0f)\n", worst, kSigmas);
+      CHECK(worst < kSigmas);
+    }
+  }
+}
+
+TEST_CASE("replay_greedy accepts an emulated-bf16 engine's greedy outputs and catches a wrong token or logprob",
+          "[model][noise]") {
+  const ModelSource src = ModelSource::dummy(small_llama(), 11, "small llama");
+  std::mt19937 rng(test_seed("replay_greedy"));
+  std::vector<Tokens> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(random_tokens(std::uniform_int_distribution<std::size_t>(1, 40)(rng), 512, rng));
+  std::vector<RequestOutput> done;
+  {
+    Bf16Stages::Scope round(Bf16Stages::Mode::round);  // the engine runs on this thread
+    EmulatedEngine engine(ModelSource::dummy(small_llama(), 11, "small llama"), EngineOptions{});
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      SamplingParams p = greedy_params(16);
+      if (i % 2 == 0) p.logprobs = 5;
+      engine.add_request(prompts[i], p);
+    }
+    done = engine.run_to_completion();
+  }
+  REQUIRE(done.size() == prompts.size());
+  std::vector<GreedyOutput> outputs = outputs_of(done, prompts);
+  const ReplayReport good = replay_greedy(src, outputs, 3);
+  std::printf("emulated bf16 engine: %s\n", good.summary().c_str());
+  for (const auto& f : good.failures) UNSCOPED_INFO(f);
+  CHECK(good.ok());
+  CHECK(good.steps == 8 * 16);
+  CHECK(good.logprobs_checked >= 4 * 16 * 6);
+
+  {
+    INFO("a token that is no near-tie of the reference's");
+    // Token 5 of request 0 becomes the reference's least likely token there: never within the bound.
+    std::vector<GreedyOutput> wrong = outputs;
+    GreedyOutput& o = wrong[0];
+    Tokens context = o.prompt;
+    context.insert(context.end(), o.tokens.begin(), o.tokens.begin() + 5);
+    auto f32 = LlamaModel<cpu, F32, PagedAttention<>>::load(src);
+    KvCache<cpu> cache(3, 8, 16, 2, 64);
+    const Tokens table = {0, 1, 2, 3, 4, 5, 6, 7};
+    const ForwardChunk chunk{context, 0, table, true};
+    std::vector<float> z;
+    f32.forward(std::span(&chunk, 1), cache, z);
+    o.tokens.resize(6);
+    o.logprobs.clear();
+    o.tokens[5] = static_cast<std::int32_t>(std::min_element(z.begin(), z.end()) - z.begin());
+    const ReplayReport bad = replay_greedy(src, wrong, 3);
+    INFO(bad.summary());
+    REQUIRE(bad.failures.size() == 1);
+    CHECK_THAT(bad.failures.front(), Catch::Contains("request 0, token 5") && Catch::Contains("beyond the bound"));
+  }
+  {
+    INFO("a logprob off by more than its bound");
+    std::vector<GreedyOutput> wrong = outputs;
+    GreedyOutput& o = wrong[0];
+    REQUIRE_FALSE(o.logprobs.empty());
+    o.logprobs[3].logprob -= 0.5f;
+    const ReplayReport bad = replay_greedy(src, wrong, 3);
+    REQUIRE_FALSE(bad.ok());
+    CHECK_THAT(bad.failures.front(), Catch::Contains("request 0, token 3") && Catch::Contains("the logprob"));
+  }
+}
+
+// Not a check: the measurement behind tests/README.md's table of near-ties (run with "[.measure]").
+TEST_CASE("measure: how often greedy steps of dummy models are near-ties under the bound", "[.measure]") {
+  for (const ModelConfig& config : {small_llama(), small_qwen2(), dummy_preset("smollm2-135m")}) {
+    const ModelSource src = ModelSource::dummy(config, 31, config.architecture);
+    const bool deep = config.num_layers > 3;
+    std::mt19937 rng(5);
+    std::vector<Tokens> prompts;
+    for (int i = 0; i < (deep ? 2 : 8); ++i) prompts.push_back(random_tokens(20, config.vocab_size, rng));
+    PagedEngine<cpu, 16> engine(ModelSource::dummy(config, 31, config.architecture), EngineOptions{});
+    const auto done = run_batch(engine, prompts, greedy_params(deep ? 4 : 30));
+    std::vector<GreedyOutput> outputs;
+    for (std::size_t i = 0; i < done.size(); ++i) outputs.push_back({prompts[i], done[i], {}});
+    const ReplayReport r = replay_greedy(src, outputs, 1);
+    std::printf("%s (%lld layers): %s\n", config.architecture.c_str(), static_cast<long long>(config.num_layers),
+                r.summary().c_str());
+  }
+}
