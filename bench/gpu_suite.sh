@@ -2,7 +2,9 @@
 # The GPU machine's run, in phases that fit the device tool's 10-minute calls:
 #   bench/gpu_suite.sh build     configure + build the [cuda] tests and the benchmarks (Release, sm_90)
 #                                into $BUILD (default build-gpu)
-#   bench/gpu_suite.sh test      every [cuda] test
+#   bench/gpu_suite.sh test      every [cuda] test, with the suite's fixed seeds
+#   bench/gpu_suite.sh seeds N.. every [cuda] test once per base seed given (INFER_TEST_SEED=N; "default"
+#                                for the fixed seeds), each run's log in $OUT/cuda-tests-seed-N.log
 #   bench/gpu_suite.sh bench     attention kernel benchmarks, then infer-bench-latency / -throughput on the
 #                                Llama-3-8B and Qwen2.5-7B dummy shapes (greedy, and one sampled throughput
 #                                run) and on SmolLM2 Q4_1 (with and without CUDA graphs); one JSON per run
@@ -31,6 +33,15 @@ case "${1:-}" in
     ;;
   test)
     run "$build"/tests/test_cuda --durations yes "[cuda]"
+    ;;
+  seeds)
+    shift
+    for seed in "$@"; do
+      if [ "$seed" = default ]; then unset INFER_TEST_SEED; else export INFER_TEST_SEED=$seed; fi
+      run "$build"/tests/test_cuda --durations yes "[cuda]" >"$out/cuda-tests-seed-$seed.log" 2>&1
+      echo "seed $seed: $(tail -n 2 "$out/cuda-tests-seed-$seed.log" | tr '\n' ' ')"
+    done
+    unset INFER_TEST_SEED
     ;;
   bench)
     run "$build"/tests/test_cuda "[.bench]"
@@ -86,7 +97,7 @@ case "${1:-}" in
     tail -5 "$log"
     ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|test|bench|serve" >&2
+    echo "usage: bench/gpu_suite.sh build|test|seeds N...|bench|serve" >&2
     exit 2
     ;;
 esac

@@ -1,12 +1,18 @@
-// The whole GPU decoder against the CPU backend: logits of chunked prefill and decode steps on dummy
-// models of Llama and Qwen2 shape and on SmolLM2 Q4_1; greedy tokens of PagedEngine<cuda> against the
-// CPU's (HF transformers' for SmolLM2); batching invariance, block accounting, CUDA graphs against eager,
-// and device memory over 10,000 requests.
+// The whole GPU decoder against the CPU reference, with every tolerance derived from bf16's rounding
+// (support/rounding_noise.hpp; tests/README.md has the derivation and the measurements):
+//   - per step, every logit of the GPU decoder within B_j = 10·σ_j of the CPU decoder's, σ_j the spread that
+//     the GPU's bf16 roundings cause at logit j (Monte Carlo arithmetic over the CPU decoder, 24 runs);
+//   - engine runs: every greedy token the GPU engine produced is the CPU reference's choice given the same
+//     prefix (teacher-forced replay), or a near-tie under that bound; every logprob within its bound;
+//   - CUDA graphs: a replay computes bit for bit what the same padded step computes eagerly, and two runs of
+//     one workload agree bit for bit;
+//   - memory: infer's own device and pinned allocations exactly where they were after 10,000 requests.
+// Random inputs come from printed seeds (support/test_seed.hpp): fixed by default, INFER_TEST_SEED=<n> for others.
 //
-// The GPU computes in bf16 with f32 accumulation, the CPU in f32, so logits agree to a tolerance, not
-// bitwise, and a greedy choice between two tokens whose logits are closer than that tolerance may go
-// either way. Token comparisons therefore accept a divergence only where the reference's own
-// log-probabilities show a near-tie (kTieNats) — and require most sequences to match in full.
+// Greedy decisions are compared step by step, not as whole sequences: with random weights a sizeable share
+// of greedy steps are near-ties under the bound (measured on the CPU: ~40% for the small Llama shape, see
+// tests/README.md), where the GPU may rightly pick the other token; the replay then follows the GPU's
+// token, so every later step is still checked.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -19,6 +25,8 @@
 #include "infer/engine/presets.hpp"
 #include "infer/model/dummy.hpp"
 #include "support/cuda_test_support.hpp"
+#include "support/dummy_shapes.hpp"
+#include "support/rounding_noise.hpp"
 #include "unit/engine/engine_test_support.hpp"
 
 using namespace infer;
@@ -26,45 +34,8 @@ using namespace infer::test;
 
 namespace {
 
-using CpuModel = LlamaModel<cpu, F32, PagedAttention<>>;
 template <class Q = GgufInPlace>
 using GpuModel = LlamaModel<cuda, Q, PagedAttention<>>;
-
-/// A greedy choice this close (in log-probability) to the runner-up may flip under bf16 rounding.
-constexpr double kTieNats = 0.15;
-
-ModelConfig small_llama() {
-  ModelConfig c;
-  c.family = ModelFamily::llama;
-  c.architecture = "LlamaForCausalLM";
-  c.vocab_size = 512;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_layers = 3;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;  // GQA 2:1
-  c.head_dim = 64;
-  c.rope_theta = 10000.0f;
-  c.rms_norm_eps = 1e-5f;
-  c.max_position_embeddings = 512;
-  c.eos_token_ids = {1};
-  c.validate();
-  return c;
-}
-
-ModelConfig small_qwen2() {
-  ModelConfig c = small_llama();
-  c.family = ModelFamily::qwen2;
-  c.architecture = "Qwen2ForCausalLM";
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 128;
-  c.attention_bias = true;
-  c.tie_word_embeddings = true;
-  c.rope_theta = 1000000.0f;
-  c.validate();
-  return c;
-}
 
 Tokens random_tokens(std::size_t n, std::int64_t vocab, std::mt19937& rng) {
   Tokens t(n);
@@ -72,58 +43,54 @@ Tokens random_tokens(std::size_t n, std::int64_t vocab, std::mt19937& rng) {
   return t;
 }
 
-/// Largest |gpu - cpu| over all logits, relative to max(1, largest |cpu|).
-double relative_error(const std::vector<float>& gpu, const std::vector<float>& cpu) {
-  REQUIRE(gpu.size() == cpu.size());
-  double err = 0, ref = 0;
-  for (std::size_t i = 0; i < cpu.size(); ++i) {
-    REQUIRE(std::isfinite(gpu[i]));
-    err = std::max(err, std::abs(double(gpu[i]) - cpu[i]));
-    ref = std::max(ref, std::abs(double(cpu[i])));
-  }
-  return err / std::max(1.0, ref);
-}
-
-/// Per row: the GPU's argmax is the CPU's, or the CPU rates the two within kTieNats of each other.
-void check_argmax_agrees(const std::vector<float>& gpu, const std::vector<float>& cpu, std::int64_t vocab) {
-  const auto V = static_cast<std::size_t>(vocab);
-  for (std::size_t r = 0; r * V < cpu.size(); ++r) {
-    const auto c = cpu.begin() + static_cast<std::ptrdiff_t>(r * V), g = gpu.begin() + static_cast<std::ptrdiff_t>(r * V);
-    const auto ci = std::max_element(c, c + static_cast<std::ptrdiff_t>(V)) - c;
-    const auto gi = std::max_element(g, g + static_cast<std::ptrdiff_t>(V)) - g;
-    INFO("row " << r << ": cpu argmax " << ci << ", gpu argmax " << gi);
-    CHECK((ci == gi || double(c[ci]) - c[gi] < kTieNats));
-  }
-}
-
-/// Runs the same steps through both decoders (each its own cache, tables scrambled the same way) and
-/// compares every step's logits: a two-chunk prefill, then decode rows mixed with a continued chunk, then
-/// decode-only steps of two rows and of one.
+/// Runs the same steps through the GPU decoder and the CPU reference (each its own cache, tables scrambled
+/// the same way) and checks every logit of every step against the derived bound, and the GPU's argmax
+/// against the CPU's up to a near-tie under the same bound: a two-chunk prefill, decode rows mixed with a
+/// continued chunk, decode steps of two rows, then of one (the batch-1 kernels: bf16 GEMV, SwiGLU fused
+/// into the gate/up GEMV where the quantizer has it).
 template <class G>
-void compare_decoders(const ModelSource& src, double tolerance) {
+void compare_decoders(const ModelSource& src, const char* who) {
   const ModelConfig& c = src.config();
-  auto cpu_model = CpuModel::load(src);
+  const auto V = static_cast<std::size_t>(c.vocab_size);
   auto gpu_model = G::load(src);
   constexpr std::int32_t bs = 16, blocks = 24;
-  const auto L = static_cast<std::int32_t>(c.num_layers), kvh = static_cast<std::int32_t>(c.num_kv_heads),
-             hd = static_cast<std::int32_t>(c.head_dim);
-  KvCache<cpu> cpu_cache(L, blocks, bs, kvh, hd);
-  KvCache<cuda> gpu_cache(L, blocks, bs, kvh, hd);
-  cpu_cache.poison();
+  const std::uint32_t seed = test_seed(who);
+  RoundingNoise reference(src, blocks, bs, seed);
+  KvCache<cuda> gpu_cache(static_cast<std::int32_t>(c.num_layers), blocks, bs, static_cast<std::int32_t>(c.num_kv_heads),
+                          static_cast<std::int32_t>(c.head_dim));
   gpu_cache.poison();  // NaN: any read of an unwritten slot shows in the logits
 
-  std::mt19937 rng(fresh_seed("compare_decoders"));
+  std::mt19937 rng(seed);
   const Tokens table_a = {5, 17, 2, 11, 20, 0}, table_b = {9, 3, 14, 22, 7, 1};
   Tokens a = random_tokens(37, c.vocab_size, rng), b = random_tokens(50, c.vocab_size, rng);
-  std::vector<float> cpu_logits, gpu_logits;
+  std::vector<float> gpu;
+  double worst = 0;  // largest |gpu − cpu| / σ over all steps
+  std::size_t ties = 0, rows = 0;
   auto step = [&](const std::vector<ForwardChunk>& chunks, const char* what) {
     INFO(what);
-    cpu_model.forward(chunks, cpu_cache, cpu_logits);
-    gpu_model.forward(chunks, gpu_cache, gpu_logits);
-    const double e = relative_error(gpu_logits, cpu_logits);
-    UNSCOPED_INFO(what << ": relative logits error " << e);
-    CHECK(e <= tolerance);
-    check_argmax_agrees(gpu_logits, cpu_logits, c.vocab_size);
+    const std::vector<double>& sigma = reference.step(chunks);
+    const std::vector<float>& cpu = reference.exact();
+    gpu_model.forward(chunks, gpu_cache, gpu);
+    REQUIRE(gpu.size() == cpu.size());
+    std::size_t bad = 0;
+    for (std::size_t j = 0; j < cpu.size(); ++j) {
+      const double d = std::fabs(static_cast<double>(gpu[j]) - cpu[j]);
+      if (d <= noise_bound(cpu[j], sigma[j])) worst = std::max(worst, d / sigma[j]);
+      else if (++bad <= 5)
+        FAIL_CHECK("row " << j / V << ", logit " << j % V << ": gpu " << gpu[j] << ", cpu " << cpu[j] << ", σ " << sigma[j]
+                          << " (bound " << noise_bound(cpu[j], sigma[j]) << ")");
+    }
+    for (std::size_t r = 0; r * V < cpu.size(); ++r, ++rows) {
+      const float *cr = cpu.data() + r * V, *gr = gpu.data() + r * V;
+      const double* sr = sigma.data() + r * V;
+      const auto ci = static_cast<std::size_t>(std::max_element(cr, cr + V) - cr);
+      const auto gi = static_cast<std::size_t>(std::max_element(gr, gr + V) - gr);
+      if (ci == gi) continue;
+      const double margin = static_cast<double>(cr[ci]) - cr[gi], allowed = noise_bound(cr[ci], sr[ci]) + noise_bound(cr[gi], sr[gi]);
+      INFO("row " << r << ": cpu argmax " << ci << ", gpu argmax " << gi << ", margin " << margin << ", bound " << allowed);
+      CHECK(margin <= allowed);
+      ++ties;
+    }
   };
   const Tokens b_head(b.begin(), b.begin() + 20), b_tail(b.begin() + 20, b.end());
   step({ForwardChunk{a, 0, table_a, true}, ForwardChunk{b_head, 0, table_b, false}}, "prefill: a whole, b's head");
@@ -133,70 +100,21 @@ void compare_decoders(const ModelSource& src, double tolerance) {
     Tokens ta = random_tokens(1, c.vocab_size, rng), tb = random_tokens(1, c.vocab_size, rng);
     step({ForwardChunk{ta, 38 + i, table_a, true}, ForwardChunk{tb, 50 + i, table_b, true}}, "decode both");
   }
-  // One row: the batch-1 kernels (bf16 GEMV, SwiGLU fused into the gate/up GEMV where the quantizer has it).
   for (std::int32_t i = 0; i < 2; ++i) {
     Tokens ta = random_tokens(1, c.vocab_size, rng);
     step({ForwardChunk{ta, 42 + i, table_a, true}}, "a decodes alone");
   }
+  std::printf("  %s: worst |gpu - cpu| / sigma %.2f (bound %.0f); argmax differs at %zu of %zu rows, each a near-tie\n",
+              who, worst, kSigmas, ties, rows);
 }
 
-/// A request's greedy tokens with the top-5 log-probabilities of every step: with random weights the
-/// logits are flat, and bf16 rounding that differs between batch shapes (GEMV at one row, cuBLASLt
-/// above) can make a near-tie of three or more tokens come out another way.
-struct GreedyRun {
-  Tokens tokens;
-  std::vector<TokenLogprob> logprobs;
-};
-
-template <class E>
-std::vector<GreedyRun> run_greedy_with_logprobs(E& engine, const std::vector<Tokens>& prompts,
-                                                const std::vector<std::int32_t>& max_tokens) {
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    SamplingParams p = greedy_params(max_tokens[i]);
-    p.logprobs = 5;
-    engine.add_request(prompts[i], p);
-  }
-  std::vector<GreedyRun> out;
-  for (const auto& r : engine.run_to_completion()) out.push_back({r.outputs.at(0).token_ids, r.outputs.at(0).logprobs});
-  REQUIRE(out.size() == prompts.size());
-  return out;
-}
-
-/// `got` equals `ref`, or first differs where `ref`'s own step saw the two tokens within kTieNats.
-/// Returns whether it matched in full.
-bool same_or_near_tie(const GreedyRun& ref, const Tokens& got) {
-  const std::size_t i = first_difference(ref.tokens, got);
-  if (i == ref.tokens.size() && i == got.size()) return true;
-  INFO("first difference at token " << i << " of " << ref.tokens.size());
-  REQUIRE(i < ref.tokens.size());
-  REQUIRE(i < got.size());
-  REQUIRE(i < ref.logprobs.size());
-  const TokenLogprob& lp = ref.logprobs[i];
-  double other = -INFINITY;
-  for (const auto& [id, v] : lp.top)
-    if (id == got[i]) other = v;
-  INFO("reference token " << ref.tokens[i] << " at " << lp.logprob << ", the other's " << got[i] << " at " << other);
-  CHECK(double(lp.logprob) - other < kTieNats);
-  return false;
-}
-
-/// Tie-tolerant comparison of many runs; at least `min_full` of them must match in full.
-void check_runs(const std::vector<GreedyRun>& ref, const std::vector<Tokens>& got, double min_full) {
-  REQUIRE(ref.size() == got.size());
-  std::size_t full = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    INFO("request " << i);
-    full += same_or_near_tie(ref[i], got[i]);
-  }
-  INFO(full << " of " << ref.size() << " sequences identical");
-  std::printf("check_runs: %zu of %zu sequences identical (at least %.0f%% required)\n", full, ref.size(), min_full * 100);
-  CHECK(double(full) >= min_full * double(ref.size()));
-}
-
-std::vector<Tokens> tokens_of(const std::vector<GreedyRun>& runs) {
-  std::vector<Tokens> t;
-  for (const auto& r : runs) t.push_back(r.tokens);
-  return t;
+/// Greedy parameters of request i: plain (the device argmax), the sampled token's logprob (the device
+/// sampler) or the top 5 (logits to the host) — the three ways a greedy token is chosen.
+SamplingParams greedy_kind(std::size_t i, std::int32_t max_tokens) {
+  SamplingParams p = greedy_params(max_tokens);
+  if (i % 3 == 1) p.logprobs = 0;
+  if (i % 3 == 2) p.logprobs = 5;
+  return p;
 }
 
 struct Workload {
@@ -213,32 +131,62 @@ Workload mixed_workload(std::size_t n, std::int64_t vocab, std::mt19937& rng) {
   return w;
 }
 
+/// Adds every request of `w` (parameters by greedy_kind), runs to completion, returns the outputs in order.
 template <class E>
-std::vector<Tokens> run_together(E& engine, const Workload& w) {
-  for (std::size_t i = 0; i < w.prompts.size(); ++i) engine.add_request(w.prompts[i], greedy_params(w.max_tokens[i]));
-  std::vector<Tokens> out;
-  for (const auto& r : engine.run_to_completion()) out.push_back(r.outputs.at(0).token_ids);
-  REQUIRE(out.size() == w.prompts.size());
+std::vector<GreedyOutput> run_together(E& engine, const Workload& w) {
+  for (std::size_t i = 0; i < w.prompts.size(); ++i) engine.add_request(w.prompts[i], greedy_kind(i, w.max_tokens[i]));
+  const auto done = engine.run_to_completion();
+  REQUIRE(done.size() == w.prompts.size());
+  std::vector<GreedyOutput> out;
+  for (std::size_t i = 0; i < done.size(); ++i)
+    out.push_back({w.prompts[i], done[i].outputs.at(0).token_ids, done[i].outputs.at(0).logprobs});
   return out;
+}
+
+/// Every output checked step by step against the CPU reference (replay_greedy); prints the summary.
+void check_replay(const ModelSource& src, const std::vector<GreedyOutput>& outputs, const char* what) {
+  const ReplayReport r = replay_greedy(src, outputs, test_seed(detail::cat("replay ", what)));
+  std::printf("  %s: %s\n", what, r.summary().c_str());
+  for (const auto& f : r.failures) UNSCOPED_INFO(f);
+  CHECK(r.ok());
+  for (const auto& o : outputs) CHECK(o.tokens.size() > 0);
+}
+
+/// How far two runs of one workload are apart where they are comparable: requests identical in full, and
+/// the largest difference of the chosen token's logprob over the steps before their first divergence.
+std::string spread(const std::vector<GreedyOutput>& a, const std::vector<GreedyOutput>& b) {
+  REQUIRE(a.size() == b.size());
+  std::size_t same = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::size_t d = first_difference(a[i].tokens, b[i].tokens);
+    same += d == a[i].tokens.size() && d == b[i].tokens.size();
+    for (std::size_t s = 0; s < d && s < a[i].logprobs.size() && s < b[i].logprobs.size(); ++s)
+      worst = std::max(worst, static_cast<double>(std::fabs(a[i].logprobs[s].logprob - b[i].logprobs[s].logprob)));
+  }
+  return detail::cat(same, " of ", a.size(), " requests identical; chosen-token logprobs differ by up to ", worst,
+                     " before a divergence");
 }
 
 }  // namespace
 
-TEST_CASE("GPU decoder logits equal the CPU decoder's on dummy Llama and Qwen2 shapes", "[cuda][model]") {
+TEST_CASE("GPU decoder logits equal the CPU decoder's within the derived bound on dummy Llama and Qwen2 shapes",
+          "[cuda][model]") {
   SECTION("Llama shape (GQA 2:1, head_dim 64), bf16 weights") {
-    compare_decoders<GpuModel<Bf16>>(ModelSource::dummy(small_llama(), 11, "small llama"), 1e-2);
+    compare_decoders<GpuModel<Bf16>>(ModelSource::dummy(small_llama(), 11, "small llama"), "small llama, bf16");
   }
   SECTION("Qwen2 shape (q/k/v biases, tied embeddings, head_dim 128), in-place quantizer") {
-    compare_decoders<GpuModel<GgufInPlace>>(ModelSource::dummy(small_qwen2(), 12, "small qwen2"), 1e-2);
+    compare_decoders<GpuModel<GgufInPlace>>(ModelSource::dummy(small_qwen2(), 12, "small qwen2"), "small qwen2, in place");
   }
   SECTION("the smollm2-135m preset (30 layers) built from one seed on both backends") {
-    compare_decoders<GpuModel<>>(ModelSource::dummy(dummy_preset("smollm2-135m"), 13, "smollm2-135m"), 3e-2);
+    compare_decoders<GpuModel<>>(ModelSource::dummy(dummy_preset("smollm2-135m"), 13, "smollm2-135m"), "smollm2-135m preset");
   }
 }
 
-TEST_CASE("GPU decoder logits equal the CPU decoder's on SmolLM2 Q4_1 (GGUF blocks used in place)", "[cuda][model]") {
-  // Prefill of 37 and 20 + 30 tokens takes dequantize + GEMM, the two-row decode steps the fused GEMV.
-  compare_decoders<GpuModel<GgufInPlace>>(ModelSource::open(default_model()), 3e-2);
+TEST_CASE("GPU decoder logits equal the CPU decoder's within the derived bound on SmolLM2 Q4_1 (GGUF blocks in place)",
+          "[cuda][model]") {
+  // Prefill of 37 and 20 + 30 tokens takes dequantize + GEMM, the decode steps the fused GEMV.
+  compare_decoders<GpuModel<GgufInPlace>>(ModelSource::open(default_model()), "SmolLM2 Q4_1");
 }
 
 TEST_CASE("the tiny HF fixtures (head_dim 16) are refused on the GPU with a message", "[cuda][model]") {
@@ -253,75 +201,85 @@ TEST_CASE("the tiny HF fixtures (head_dim 16) are refused on the GPU with a mess
   }
 }
 
-TEST_CASE("PagedEngine<cuda> greedy tokens equal HF transformers' (and the CPU engine's) on SmolLM2", "[cuda][engine]") {
+TEST_CASE("PagedEngine<cuda> on SmolLM2: every greedy token is the CPU reference's (HF's) choice or a derived near-tie",
+          "[cuda][engine]") {
   const auto ref = read_json("smollm2/generate_reference.json");
-  std::vector<Tokens> prompts;
-  std::vector<GreedyRun> expected;
+  Workload w;
+  std::vector<Tokens> hf;
   for (const auto& c : ref["cases"]) {
-    prompts.push_back(c["prompt_ids"].get<Tokens>());
-    expected.push_back({c["greedy_ids"].get<Tokens>(), {}});
+    w.prompts.push_back(c["prompt_ids"].get<Tokens>());
+    w.max_tokens.push_back(ref["new_tokens"].get<std::int32_t>());
+    hf.push_back(c["greedy_ids"].get<Tokens>());
   }
-  const auto n = ref["new_tokens"].get<std::int32_t>();
-  const std::vector<std::int32_t> lengths(prompts.size(), n);
-
   PagedEngine<cuda, 16> engine(default_model(), EngineOptions{});
-  // The fast path (argmax on the GPU, ids only) and the full one (logits to the host, CPU sampler with
-  // logprobs) see the same logits, so they pick the same tokens.
-  const auto fast = run_batch(engine, prompts, greedy_params(n));
-  check_all_blocks_free(engine);
-  const auto full = run_greedy_with_logprobs(engine, prompts, lengths);
-  check_all_blocks_free(engine);
-  CHECK(fast == tokens_of(full));
-  // HF's references carry no logprobs: judge divergences by the GPU's own near-ties. Every divergence must
-  // be one; how many of the 9 prompts diverge at all depends on where bf16 rounding lands near-ties, and
-  // moves with any change of summation order: 7 or more with the CUDA-core decode attention, 5 with the
-  // tensor-core one rounding P to bf16, 6 with P as two bf16 parts (H200, 2026-12-04). The count guards
-  // against a systematic error, which would diverge early and away from near-ties: at least half.
-  std::size_t identical = 0;
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    INFO("prompt " << i << ": " << ref["cases"][i]["text"].get<std::string>());
-    identical += same_or_near_tie(full[i], expected[i].tokens);
+  // The device argmax (plain greedy), the device sampler (logprobs 0) and the host sampler (top 5) see the
+  // same logits for the same batch, so the three kinds of the same prompts pick the same tokens.
+  std::vector<std::vector<GreedyOutput>> kinds;
+  for (std::size_t kind = 0; kind < 3; ++kind) {
+    for (std::size_t i = 0; i < w.prompts.size(); ++i) engine.add_request(w.prompts[i], greedy_kind(kind, w.max_tokens[i]));
+    const auto done = engine.run_to_completion();
+    REQUIRE(done.size() == w.prompts.size());
+    kinds.emplace_back();
+    for (std::size_t i = 0; i < done.size(); ++i)
+      kinds.back().push_back({w.prompts[i], done[i].outputs.at(0).token_ids, done[i].outputs.at(0).logprobs});
+    check_all_blocks_free(engine);
   }
-  std::printf("SmolLM2 on the GPU: %zu of %zu prompts identical to HF over %d tokens\n", identical, prompts.size(), n);
-  CHECK(identical * 2 >= prompts.size());
+  for (std::size_t i = 0; i < w.prompts.size(); ++i) {
+    CHECK(kinds[0][i].tokens == kinds[1][i].tokens);
+    CHECK(kinds[0][i].tokens == kinds[2][i].tokens);
+  }
+  // The CPU reference is HF's (test_engine_reference: equal token for token), so this checks the GPU
+  // against HF at every step, not only until the first near-tie.
+  check_replay(ModelSource::open(default_model()), kinds[2], "SmolLM2");
+  std::size_t identical = 0;
+  for (std::size_t i = 0; i < hf.size(); ++i) identical += kinds[0][i].tokens == hf[i];
+  std::printf("  SmolLM2 on the GPU: %zu of %zu prompts identical to HF over %d tokens\n", identical, hf.size(),
+              w.max_tokens[0]);
   CHECK(engine.model().graph_steps() > 0);
 }
 
-TEST_CASE("PagedEngine<cuda> greedy tokens equal PagedEngine<cpu>'s on dummy models", "[cuda][engine]") {
-  std::mt19937 rng(fresh_seed("engine cpu vs gpu"));
+TEST_CASE("PagedEngine<cuda> on dummy models: every greedy token is the CPU reference's choice or a derived near-tie",
+          "[cuda][engine]") {
+  std::mt19937 rng(test_seed("engine on dummy models"));
   for (const ModelConfig& config : {small_llama(), small_qwen2()}) {
     INFO(config.architecture);
     const Workload w = mixed_workload(24, config.vocab_size, rng);
-    PagedEngine<cpu, 16> cpu_engine(ModelSource::dummy(config, 21), EngineOptions{});
-    const auto expected = run_greedy_with_logprobs(cpu_engine, w.prompts, w.max_tokens);
-    PagedEngine<cuda, 16> gpu_engine(ModelSource::dummy(config, 21), EngineOptions{});
-    // f32 against bf16 on flat random-weight logits: 16-17 of 24 matched in full in 2026-12-04's runs.
-    check_runs(expected, run_together(gpu_engine, w), 0.6);
-    check_all_blocks_free(gpu_engine);
+    PagedEngine<cuda, 16> engine(ModelSource::dummy(config, 21), EngineOptions{});
+    check_replay(ModelSource::dummy(config, 21), run_together(engine, w), config.architecture.c_str());
+    check_all_blocks_free(engine);
   }
 }
 
-// Alone, every step is one row (the bf16 GEMV); together, most are many (cuBLASLt, another summation
-// order), so bit-identical tokens are not promised: each divergence must be a near-tie of the reference,
-// and most sequences match in full: 56-58 of 64 in the H200 runs of 2026-12-03; 47-57 (mean 52) over the
-// twelve sections run on 2026-12-04 (bed3a25, every divergence a near-tie), so 70% is required.
-TEST_CASE("PagedEngine<cuda>: 64 concurrent requests get the tokens each gets alone; every block returns",
+// Batch invariance is not bit for bit: a request alone runs every decode step at one row (the bf16 GEMV,
+// decode attention split for one sequence, the LM head GEMV), together at many (cuBLASLt, whose algorithm
+// and so summation order depends on M; attention splits chosen from the batch size; the LM head GEMM), and
+// a prefill chunk's tokens take the prefill attention kernel where a lone request's would take the decode
+// kernel. So each run is checked step by step against the CPU reference, and the spread between them printed.
+TEST_CASE("PagedEngine<cuda>: 64 requests alone and together each match the CPU reference step by step; every block returns",
           "[cuda][engine][batching]") {
-  std::mt19937 rng(fresh_seed("gpu batching"));
+  std::mt19937 rng(test_seed("gpu batching"));
   const ModelConfig config = small_llama();
+  const auto source = [&] { return ModelSource::dummy(config, 31); };
   const Workload w = mixed_workload(64, config.vocab_size, rng);
-  std::vector<GreedyRun> alone;
+  std::vector<GreedyOutput> alone;
   {
-    PagedEngine<cuda, 16> engine(ModelSource::dummy(config, 31), EngineOptions{});
-    for (std::size_t i = 0; i < w.prompts.size(); ++i)
-      alone.push_back(run_greedy_with_logprobs(engine, {w.prompts[i]}, {w.max_tokens[i]})[0]);
+    PagedEngine<cuda, 16> engine(source(), EngineOptions{});
+    for (std::size_t i = 0; i < w.prompts.size(); ++i) {
+      engine.add_request(w.prompts[i], greedy_kind(i, w.max_tokens[i]));
+      const auto done = engine.run_to_completion();
+      REQUIRE(done.size() == 1);
+      alone.push_back({w.prompts[i], done[0].outputs.at(0).token_ids, done[0].outputs.at(0).logprobs});
+      REQUIRE(alone.back().tokens.size() == static_cast<std::size_t>(w.max_tokens[i]));
+    }
     check_all_blocks_free(engine);
   }
-  for (std::size_t i = 0; i < alone.size(); ++i) REQUIRE(alone[i].tokens.size() == static_cast<std::size_t>(w.max_tokens[i]));
+  check_replay(source(), alone, "alone");
 
   SECTION("a roomy cache: one big continuous batch (decode steps replay graphs)") {
-    PagedEngine<cuda, 16> engine(ModelSource::dummy(config, 31), EngineOptions{});
-    check_runs(alone, run_together(engine, w), 0.7);
+    PagedEngine<cuda, 16> engine(source(), EngineOptions{});
+    const auto together = run_together(engine, w);
+    check_replay(source(), together, "together");
+    std::printf("  alone vs together: %s\n", spread(alone, together).c_str());
     CHECK(engine.stats().preemptions == 0);
     CHECK(engine.model().graph_steps() > 0);
     check_all_blocks_free(engine);
@@ -332,44 +290,74 @@ TEST_CASE("PagedEngine<cuda>: 64 concurrent requests get the tokens each gets al
     o.kv_cache_bytes = 48 * 8 * KvCache<cuda>::bytes_per_token(config.num_layers, config.num_kv_heads, config.head_dim);
     o.scheduler.max_num_batched_tokens = 48;
     o.scheduler.max_num_seqs = 16;
-    PagedEngine<cuda, 8> engine(ModelSource::dummy(config, 31), o);
+    PagedEngine<cuda, 8> engine(source(), o);
     REQUIRE(engine.kv_stats().total_blocks == 48);
-    check_runs(alone, run_together(engine, w), 0.7);
+    const auto together = run_together(engine, w);
+    check_replay(source(), together, "chunked, preempted");
+    std::printf("  alone vs chunked and preempted: %s\n", spread(alone, together).c_str());
     CHECK(engine.stats().preemptions > 0);
     check_all_blocks_free(engine);
   }
   SECTION("block size 32, eager (no graphs)") {
     EngineOptions o;
     o.enforce_eager = true;
-    PagedEngine<cuda, 32> engine(ModelSource::dummy(config, 31), o);
-    check_runs(alone, run_together(engine, w), 0.7);
+    PagedEngine<cuda, 32> engine(source(), o);
+    const auto together = run_together(engine, w);
+    check_replay(source(), together, "block size 32, eager");
+    std::printf("  alone vs block size 32 eager: %s\n", spread(alone, together).c_str());
     CHECK(engine.model().graph_steps() == 0);
     check_all_blocks_free(engine);
   }
 }
 
-TEST_CASE("PagedEngine<cuda>: decode steps replayed from CUDA graphs pick the tokens eager steps pick", "[cuda][engine][graphs]") {
+// A graph replay launches the kernels its capture recorded on the captured buffers; the eager engine with
+// eager padding runs the same kernels at the same padded shapes (batch padded to the bucket, tables at full
+// width), so everything must agree bit for bit: tokens and every logprob. So must two runs of one workload.
+TEST_CASE("PagedEngine<cuda>: CUDA graph replays compute bit for bit what eager steps of the same shape compute",
+          "[cuda][engine][graphs]") {
   const std::vector<std::string> texts = {"The capital of France is", "def fibonacci(n):", "Once upon a time",
                                           "List three colors:", "2 + 2 =", "The sea is", "Hello", "Why is the sky blue?",
                                           "A haiku about autumn:"};
   // Two engines in one process: each gets a fixed pool (the default would give the first 90% of the device).
   EngineOptions options;
   options.kv_cache_bytes = std::size_t{1} << 30;
+  options.enable_prefix_caching = false;  // a hit would change a prefill's shape between the runs compared
   EngineOptions eager_options = options;
   eager_options.enforce_eager = true;
   PagedEngine<cuda, 16> eager(default_model(), eager_options);
   PagedEngine<cuda, 16> graphed(default_model(), options);
+  eager.model().set_eager_padding(true);
   REQUIRE(eager.model().num_graphs() == 0);
   REQUIRE(graphed.model().num_graphs() > 0);
+  auto run = [](auto& engine, const std::vector<Tokens>& prompts) {
+    for (std::size_t i = 0; i < prompts.size(); ++i) engine.add_request(prompts[i], greedy_kind(i, 48));
+    return engine.run_to_completion();
+  };
   for (std::size_t batch : {1u, 3u, 9u}) {  // 3 and 9 replay the graphs of buckets 4 and 12, padded
     INFO("batch " << batch);
     std::vector<Tokens> prompts;
     for (std::size_t i = 0; i < batch; ++i) prompts.push_back(eager.tokenizer()->encode(texts[i]));
-    const std::vector<std::int32_t> lengths(batch, 48);
-    const auto ref = run_greedy_with_logprobs(eager, prompts, lengths);
     const auto before = graphed.model().graph_steps();
-    check_runs(ref, run_batch(graphed, prompts, greedy_params(48)), 0.66);
+    const auto want = run(eager, prompts);
+    const auto got = run(graphed, prompts);
     CHECK(graphed.model().graph_steps() - before >= 40);
+    const auto again = run(graphed, prompts);
+    REQUIRE(got.size() == want.size());
+    REQUIRE(again.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      INFO("request " << i);
+      const CompletionOutput &g = got[i].outputs.at(0), &e = want[i].outputs.at(0), &a = again[i].outputs.at(0);
+      CHECK(g.token_ids == e.token_ids);
+      CHECK(a.token_ids == g.token_ids);
+      REQUIRE(g.logprobs.size() == e.logprobs.size());
+      REQUIRE(a.logprobs.size() == g.logprobs.size());
+      for (std::size_t t = 0; t < e.logprobs.size(); ++t) {
+        CHECK(g.logprobs[t].logprob == e.logprobs[t].logprob);  // exact: the same bits
+        CHECK(g.logprobs[t].top == e.logprobs[t].top);
+        CHECK(a.logprobs[t].logprob == g.logprobs[t].logprob);
+        CHECK(a.logprobs[t].top == g.logprobs[t].top);
+      }
+    }
   }
   CHECK(eager.model().graph_steps() == 0);
   check_all_blocks_free(eager);
@@ -403,7 +391,7 @@ SamplingParams sampling_mix(std::size_t i, std::int32_t max_tokens, bool host_on
 // may differ only within float rounding of a draw's boundary, about 1e-6 per draw: not in ~2,000 draws).
 TEST_CASE("PagedEngine<cuda>: tokens drawn on the device equal the CPU Sampler's on the same logits",
           "[cuda][engine][sampling]") {
-  std::mt19937 rng(fresh_seed("device sampling"));
+  std::mt19937 rng(test_seed("device sampling"));
   const ModelConfig config = small_llama();
   EngineOptions device_options;
   device_options.kv_cache_bytes = std::size_t{64} << 20;  // two engines in one process
@@ -445,26 +433,31 @@ TEST_CASE("PagedEngine<cuda>: tokens drawn on the device equal the CPU Sampler's
   }
 }
 
-// A leak grows with the requests served; what the H200 showed instead is one 2 MiB step in the device's
-// free memory at a varying wave (wave 15 of 100 in the run that logged it), flat for the remaining 85
-// waves (8,500 requests): a one-time reservation of the driver's, not the engine's buffers (those are all
-// made at construction; graphs are uploaded at capture and kernel modules load eagerly in this binary).
-// So: every KV block back after every wave, and the device's free memory steps down at most once and by
-// at most 4 MiB over the 9,900 requests after the first 100. A leak of more than ~200 bytes per request
-// crosses a 2 MiB granule at least twice in that span and fails.
+// Two measures of memory over 10,000 mixed requests (100 waves of 100; some sampled, some n = 2, some
+// aborted while waiting or running), both compared with their value after the first wave:
+//   - infer's own allocations (every DeviceBuffer and PinnedBuffer: count and bytes) must be exactly where
+//     they were: the engine makes all its buffers at construction, so any allocation a request leaves
+//     behind shows here, to the byte;
+//   - the device's free memory, which also sees allocations made outside infer's buffers (cuBLASLt, the
+//     driver) but moves in 2 MiB granules. The H200 showed one 2 MiB step down at a varying wave (wave 15
+//     of 100 in the run that logged it), then flat: a one-time reservation of the driver's. So it may step
+//     down once; a second step fails. A leak of L bytes per request, over the 9,900 requests after the
+//     first wave, crosses at least two granule boundaries once 9,900·L >= 4 MiB (the first crossing may
+//     need a whole granule): this half of the test catches more than ~424 bytes per request. The one step
+//     allowed may be up to two granules, as the test allowed before the exact counts existed.
 TEST_CASE("PagedEngine<cuda>: device memory after 10,000 mixed requests is what it was after the first 100",
           "[cuda][engine][leak]") {
-  std::mt19937 rng(fresh_seed("gpu leak"));
+  std::mt19937 rng(test_seed("gpu leak"));
   const ModelConfig config = small_llama();
   EngineOptions o;
   o.max_model_len = 256;
   PagedEngine<cuda, 16> engine(ModelSource::dummy(config, 41), o);
   std::size_t free_after_100 = 0, free_before = 0;
+  backend::cuda::LiveAllocations live_after_100;
   int steps_down = 0;
   std::ostringstream changes;
   std::int64_t done = 0;
   for (int wave = 0; wave < 100; ++wave) {
-    // 100 requests per wave: mixed lengths, some sampled, some aborted while waiting or running.
     std::vector<RequestId> ids;
     for (int i = 0; i < 100; ++i) {
       SamplingParams p = greedy_params(std::uniform_int_distribution<std::int32_t>(1, 12)(rng));
@@ -473,6 +466,7 @@ TEST_CASE("PagedEngine<cuda>: device memory after 10,000 mixed requests is what 
         p.top_p = 0.9f;
       }
       if (i % 10 == 0) p.n = 2;
+      if (i % 5 == 1) p.logprobs = 2;
       ids.push_back(engine.add_request(random_tokens(std::uniform_int_distribution<std::size_t>(1, 120)(rng),
                                                      config.vocab_size, rng), p));
     }
@@ -481,17 +475,25 @@ TEST_CASE("PagedEngine<cuda>: device memory after 10,000 mixed requests is what 
     done += static_cast<std::int64_t>(engine.run_to_completion().size());
     check_all_blocks_free(engine);
     const std::size_t free_now = backend::cuda::memory_info().free;
+    const backend::cuda::LiveAllocations live = backend::cuda::live_allocations();
     if (wave == 0) {
       free_after_100 = free_now;
-    } else if (free_now != free_before) {
-      steps_down += free_now < free_before;
-      changes << "wave " << wave << ": free memory " << free_before << " -> " << free_now << "; ";
+      live_after_100 = live;
+    } else {
+      INFO("wave " << wave << ": " << live.device_buffers << " device buffers of " << live.device_bytes << " bytes, "
+                   << live.pinned_buffers << " pinned of " << live.pinned_bytes << "; after the first wave "
+                   << live_after_100.device_buffers << " of " << live_after_100.device_bytes << ", "
+                   << live_after_100.pinned_buffers << " of " << live_after_100.pinned_bytes);
+      REQUIRE(live == live_after_100);
+      if (free_now != free_before) {
+        steps_down += free_now < free_before;
+        changes << "wave " << wave << ": free memory " << free_before << " -> " << free_now << "; ";
+      }
     }
     free_before = free_now;
   }
   INFO(changes.str());
   CHECK(done > 9000);  // the step before the aborts may have finished some (their outputs came then)
-  const std::size_t free_end = backend::cuda::memory_info().free;
   CHECK(steps_down <= 1);
-  CHECK(free_end + (std::size_t{4} << 20) >= free_after_100);
+  CHECK(backend::cuda::memory_info().free + (std::size_t{4} << 20) >= free_after_100);
 }
