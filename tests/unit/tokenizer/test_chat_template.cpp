@@ -173,6 +173,12 @@ TEST_CASE("Llama-3.2's strftime_now date: strftime as Python's, and today's by d
   fixed.set_date_string(std::nullopt);
   CHECK(says_today(fixed));
   CHECK(ChatTemplate::from_name("llama3.1").date_string() == "26 Jul 2024");
+  // With its date_string line cut, Llama-3.1's template would add an undefined date (jinja raises): refused.
+  std::string undated = ref["templates"]["llama-3.1"]["text"].get<std::string>();
+  const std::string date_line = "{%- set date_string = \"26 Jul 2024\" %}";
+  REQUIRE(undated.find(date_line) != std::string::npos);
+  undated.erase(undated.find(date_line), date_line.size());
+  CHECK_THROWS_WITH(ChatTemplate::from_source(undated), Contains("date_string") && Contains("set_date_string"));
   CHECK_THROWS_AS(ChatTemplate::from_name("llama3").set_date_string("1 Jan 2030"), infer::ChatTemplateError);
 }
 
