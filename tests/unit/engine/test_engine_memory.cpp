@@ -258,7 +258,8 @@ struct poisoned_llama {
 using PoisonedEngine = Engine<cpu, poisoned_llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
 }  // namespace
 
-TEST_CASE("a request whose logits are not finite fails alone with a message; its blocks return", "[engine][errors]") {
+TEST_CASE("a request whose logits are not finite fails alone with a message, and its blocks return",
+          "[engine][errors]") {
   PoisonedEngine engine(fixture("tiny_llama"), EngineOptions{});
   SamplingParams drawn = greedy_params(6);
   drawn.temperature = 0.8f;

@@ -215,7 +215,7 @@ TEST_CASE("Mistral v3's role rules name the message that breaks them", "[chat]")
   CHECK_THROWS_WITH(tmpl.apply(Messages{{"system", "s"}}, true), Contains("needs a user message"));
 }
 
-TEST_CASE("from_name picks a format; unknown templates say how to choose one", "[chat]") {
+TEST_CASE("from_name picks a format, and unknown templates say how to choose one", "[chat]") {
   CHECK(ChatTemplate::from_name("chatml").format() == ChatFormat::chatml);
   CHECK(ChatTemplate::from_name("llama3").format() == ChatFormat::llama3);
   CHECK(ChatTemplate::from_name("llama3.1").format() == ChatFormat::llama3_1);
