@@ -2,7 +2,9 @@
 // also when a small KV cache forces chunked prefill and preemption; every block returns afterwards.
 #include "engine_test_support.hpp"
 
+#include <map>
 #include <random>
+#include <set>
 
 using namespace infer;
 using namespace infer::test;
@@ -96,15 +98,34 @@ TEST_CASE("a seeded request samples the same tokens whatever else is in the batc
   const auto alone = run_batch(engine, {prompt}, p)[0];
 
   SamplingParams other = p;
-  other.seed.reset();  // unseeded neighbours draw from fresh entropy
+  other.seed.reset();      // unseeded neighbours draw from fresh entropy,
+  other.ignore_eos = true;  // and run their 24 steps whatever they draw
   const RequestId a = engine.add_request(Tokens{5, 6, 7}, other);
   const RequestId mine = engine.add_request(prompt, p);
   const RequestId b = engine.add_request(Tokens(40, 9), other);
-  Tokens got;
-  for (const auto& r : engine.run_to_completion())
-    if (r.id == mine) got = r.outputs[0].token_ids;
-  CHECK(got == alone);
-  CHECK(a != b);
+  // Step by hand to see who got a token in which step: the invariance below only means something if
+  // `mine` really ran in the same batches as its neighbours.
+  std::map<RequestId, Tokens> got;
+  std::map<RequestId, std::int64_t> steps_with_token;
+  std::int64_t shared_steps = 0;
+  while (engine.has_unfinished()) {
+    std::set<RequestId> stepped;
+    for (const auto& r : engine.step()) {
+      if (!r.outputs[0].delta_token_ids.empty()) stepped.insert(r.id);
+      if (r.finished) got[r.id] = r.outputs[0].token_ids;
+    }
+    for (RequestId id : stepped) steps_with_token[id]++;
+    if (stepped.count(mine) && stepped.count(a) && stepped.count(b)) shared_steps++;
+  }
+  CHECK(got[mine] == alone);
+  // All three ran to max_tokens (mine: it draws no EOS, as alone), one token per step, and every one of
+  // mine's 24 steps was also a step of both neighbours: its tokens came out of batches it shared.
+  for (RequestId id : {a, mine, b}) {
+    INFO("request " << id);
+    CHECK(got[id].size() == 24);
+    CHECK(steps_with_token[id] == 24);
+  }
+  CHECK(shared_steps == 24);
 
   p.seed = 43;
   const auto different_seed = run_batch(engine, {prompt}, p)[0];

@@ -100,15 +100,49 @@ TEST_CASE("n > 1 samples share the prompt's blocks and copy on write", "[engine]
 TEST_CASE("aborted requests, running or waiting, return their blocks at once", "[engine][abort]") {
   EngineOptions o;
   o.scheduler.max_num_seqs = 2;
+  // What the first request holds after 3 steps, measured on an engine that runs it alone: the prompts
+  // share no block (their first tokens differ), so running beside another does not change it.
+  KvStats solo;
+  {
+    PagedEngine<cpu, 16> engine(fixture("tiny_llama"), o);
+    engine.add_request(iota_tokens(20, 0), greedy_params(30));
+    for (int s = 0; s < 3; ++s) engine.step();
+    solo = engine.kv_stats();
+  }
+  REQUIRE(solo.live_sequences == 1);
+  REQUIRE(solo.used_blocks > 0);
+
   PagedEngine<cpu, 16> engine(fixture("tiny_llama"), o);
   const auto free0 = engine.kv_stats().free_blocks;
   std::vector<RequestId> ids;
   for (int i = 0; i < 5; ++i) ids.push_back(engine.add_request(iota_tokens(20 + i, i), greedy_params(30)));
-  for (int s = 0; s < 3; ++s) engine.step();
-  CHECK(engine.kv_stats().used_blocks > 0);
+  std::map<RequestId, std::size_t> generated;
+  for (int s = 0; s < 3; ++s)
+    for (const auto& r : engine.step()) generated[r.id] = r.outputs[0].token_ids.size();
+  REQUIRE(generated[ids[0]] == 3);        // running since the first step, as alone
+  REQUIRE(generated.count(ids[4]) == 0);  // still waiting
+  REQUIRE(engine.num_running() == 2);
+  REQUIRE(engine.num_waiting() == 3);
+  const KvStats before = engine.kv_stats();
+
+  // No step() between the abort and the checks: the blocks must be back already.
   engine.abort(ids[0]);  // running
-  engine.abort(ids[4]);  // still waiting
+  const KvStats after_running = engine.kv_stats();
+  CHECK(after_running.used_blocks == before.used_blocks - solo.used_blocks);
+  CHECK(after_running.free_blocks == before.free_blocks + solo.used_blocks);
+  CHECK(after_running.tokens_stored == before.tokens_stored - solo.tokens_stored);
+  CHECK(after_running.live_sequences == before.live_sequences - 1);
+  CHECK(engine.num_running() == 1);
+
+  engine.abort(ids[4]);  // still waiting: it held no block, so nothing in the cache changes
   engine.abort(12345);   // unknown: ignored
+  const KvStats after_waiting = engine.kv_stats();
+  CHECK(after_waiting.used_blocks == after_running.used_blocks);
+  CHECK(after_waiting.free_blocks == after_running.free_blocks);
+  CHECK(after_waiting.tokens_stored == after_running.tokens_stored);
+  CHECK(after_waiting.live_sequences == after_running.live_sequences);
+  CHECK(engine.num_waiting() == 2);
+
   std::map<RequestId, RequestOutput> out;
   while (engine.has_unfinished())
     for (auto& r : engine.step())
@@ -224,7 +258,8 @@ struct poisoned_llama {
 using PoisonedEngine = Engine<cpu, poisoned_llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
 }  // namespace
 
-TEST_CASE("a request whose logits are not finite fails alone with a message; its blocks return", "[engine][errors]") {
+TEST_CASE("a request whose logits are not finite fails alone with a message, and its blocks return",
+          "[engine][errors]") {
   PoisonedEngine engine(fixture("tiny_llama"), EngineOptions{});
   SamplingParams drawn = greedy_params(6);
   drawn.temperature = 0.8f;

@@ -2,17 +2,25 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "infer/attention/paged_attention.hpp"
 #include "infer/core/half.hpp"
 #include "infer/io/safetensors.hpp"
+#include "infer/model/llama.hpp"
+#include "infer/model/model_source.hpp"
+#include "infer/quant/f32.hpp"
+#include "support/fixtures.hpp"
 
 using namespace infer;
 using safetensors::File;
@@ -328,4 +336,158 @@ TEST_CASE("safetensors: inconsistent sharded checkpoints", "[io][safetensors]") 
   dir.write("s1.safetensors", Bytes(3));
   write_index({{"a", "s1.safetensors"}});
   CHECK_THROWS_WITH(safetensors::Checkpoint::open(dir.path), Contains("s1.safetensors") && Contains("3 bytes"));
+}
+
+namespace {
+
+using Tokens = std::vector<std::int32_t>;
+using TinyModel = LlamaModel<cpu, F32, PagedAttention<>>;
+
+/// The header's name for a dtype File accepts (only these three).
+std::string dtype_string(DType t) {
+  REQUIRE((t == DType::f32 || t == DType::f16 || t == DType::bf16));
+  return t == DType::f32 ? "F32" : t == DType::f16 ? "F16" : "BF16";
+}
+
+/// Writes `model_dir`'s model.safetensors into `dir` as `shards` files (its tensors in name order, dealt
+/// out in runs; tensors named in `omit` left out) with the model.safetensors.index.json HF writes, and
+/// copies config.json. Returns the index, for tests that break it.
+nlohmann::json write_sharded(const TempDir& dir, const std::filesystem::path& model_dir, std::size_t shards,
+                             const std::set<std::string>& omit = {}) {
+  const auto single = File::open(model_dir / "model.safetensors");
+  const auto& ts = single.tensors();
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::uint64_t total = 0;
+  for (std::size_t s = 0; s < shards; ++s) {
+    const std::string file =
+        "model-0000" + std::to_string(s + 1) + "-of-0000" + std::to_string(shards) + ".safetensors";
+    nlohmann::json header;
+    header["__metadata__"] = {{"format", "pt"}};
+    Bytes data;
+    for (std::size_t i = s * ts.size() / shards; i < (s + 1) * ts.size() / shards; ++i) {
+      const auto& t = ts[i];
+      if (omit.count(t.name)) continue;
+      header[t.name] = {{"dtype", dtype_string(t.dtype)}, {"shape", t.shape},
+                        {"data_offsets", {data.size(), data.size() + t.data.size()}}};
+      data.insert(data.end(), t.data.begin(), t.data.end());
+      weight_map[t.name] = file;
+    }
+    total += data.size();
+    dir.write(file, make_file(header.dump(), data));
+  }
+  const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  dir.write("model.safetensors.index.json", index.dump(2));
+  std::filesystem::copy_file(model_dir / "config.json", dir.path / "config.json");
+  return index;
+}
+
+/// Every logits row of a greedy run: the prompt's last position, then one per generated token.
+struct GreedyRun {
+  std::vector<float> logits;  ///< steps x vocab
+  Tokens tokens;
+};
+
+GreedyRun greedy(TinyModel& model, const Tokens& prompt, std::size_t n) {
+  const auto& c = model.config();
+  KvCache<cpu> cache(static_cast<std::int32_t>(c.num_layers), 8, 16, static_cast<std::int32_t>(c.num_kv_heads),
+                     static_cast<std::int32_t>(c.head_dim));
+  cache.poison();
+  const Tokens table = {3, 0, 7, 1, 5};  // 80 positions, scrambled
+  REQUIRE(prompt.size() + n <= 80);
+  GreedyRun run;
+  std::vector<float> logits;
+  const ForwardChunk prefill{prompt, 0, table, true};
+  model.forward(std::span(&prefill, 1), cache, logits);
+  for (std::size_t i = 0;; ++i) {
+    run.logits.insert(run.logits.end(), logits.begin(), logits.end());
+    run.tokens.push_back(static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    if (run.tokens.size() == n) return run;
+    const Tokens one = {run.tokens.back()};
+    const ForwardChunk step{one, static_cast<std::int32_t>(prompt.size() + i), table, true};
+    model.forward(std::span(&step, 1), cache, logits);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: tiny_llama split into 3 shards loads as the same model", "[io][safetensors][model]") {
+  TempDir dir;
+  const auto index = write_sharded(dir, test::fixture("tiny_llama"), 3);
+  std::set<std::string> files;
+  for (const auto& [tensor, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  REQUIRE(files.size() == 3);
+
+  const ModelSource single = ModelSource::open(test::fixture("tiny_llama"));
+  const ModelSource sharded = ModelSource::open(dir.path);
+  CHECK(sharded.config() == single.config());
+  CHECK(sharded.file_name("blk.1.ffn_down") == "model.layers.1.mlp.down_proj.weight");
+  TinyModel from_single = TinyModel::load(single);
+  TinyModel from_shards = TinyModel::load(sharded);
+
+  std::ifstream in(test::fixture("tiny_llama/reference.json"));
+  REQUIRE(in);
+  const auto ref = nlohmann::json::parse(in);
+  REQUIRE(ref["cases"].size() == 3);
+  for (const auto& c : ref["cases"]) {
+    const auto prompt = c["prompt_ids"].get<Tokens>();
+    const auto hf_tokens = c["greedy_ids"].get<Tokens>();
+    const auto hf_logits = c["first_logits"].get<std::vector<float>>();
+    INFO("prompt of " << prompt.size() << " tokens");
+    const GreedyRun a = greedy(from_single, prompt, hf_tokens.size());
+    const GreedyRun b = greedy(from_shards, prompt, hf_tokens.size());
+    // The same bytes in other files: every logit of every step identical, not merely close.
+    CHECK(b.logits == a.logits);
+    CHECK(b.tokens == a.tokens);
+    // And HF's greedy tokens exactly, its first-step logits to f32 rounding (as test_engine_reference).
+    CHECK(b.tokens == hf_tokens);
+    REQUIRE(hf_logits.size() <= b.logits.size());
+    double max_err = 0, max_ref = 0;
+    for (std::size_t v = 0; v < hf_logits.size(); ++v) {
+      max_err = std::max(max_err, std::abs(double(b.logits[v]) - hf_logits[v]));
+      max_ref = std::max(max_ref, std::abs(double(hf_logits[v])));
+    }
+    CHECK(max_err <= 1e-4 * std::max(1.0, max_ref));
+  }
+}
+
+TEST_CASE("safetensors: a model folder whose index and shards disagree is refused, naming file and tensor",
+          "[io][safetensors][model]") {
+  const std::string down = "model.layers.1.mlp.down_proj.weight";
+  SECTION("a shard the index lists is missing") {
+    TempDir dir;
+    write_sharded(dir, test::fixture("tiny_llama"), 3);
+    std::filesystem::remove(dir.path / "model-00002-of-00003.safetensors");
+    CHECK_THROWS_AS(ModelSource::open(dir.path), IoError);
+    CHECK_THROWS_WITH(ModelSource::open(dir.path), Contains("model.safetensors.index.json") &&
+                                                       Contains("model-00002-of-00003.safetensors"));
+  }
+  SECTION("the index maps a tensor to a shard that does not hold it") {
+    TempDir dir;
+    auto index = write_sharded(dir, test::fixture("tiny_llama"), 3);
+    const std::string holder = index["weight_map"][down].get<std::string>();
+    const std::string other = holder == "model-00001-of-00003.safetensors" ? "model-00003-of-00003.safetensors"
+                                                                            : "model-00001-of-00003.safetensors";
+    index["weight_map"][down] = other;
+    dir.write("model.safetensors.index.json", index.dump());
+    CHECK_THROWS_AS(ModelSource::open(dir.path), FormatError);
+    CHECK_THROWS_WITH(ModelSource::open(dir.path),
+                      Contains("'" + down + "'") && Contains(other) && Contains("does not contain it"));
+  }
+  SECTION("the index names a tensor that no shard holds") {
+    TempDir dir;
+    write_sharded(dir, test::fixture("tiny_llama"), 2, {down});
+    auto index = nlohmann::json::parse(std::ifstream(dir.path / "model.safetensors.index.json"));
+    index["weight_map"][down] = "model-00002-of-00002.safetensors";
+    dir.write("model.safetensors.index.json", index.dump());
+    CHECK_THROWS_AS(ModelSource::open(dir.path), FormatError);
+    CHECK_THROWS_WITH(ModelSource::open(dir.path), Contains("'" + down + "'") &&
+                                                       Contains("model-00002-of-00002.safetensors"));
+  }
+  SECTION("a weight the model needs is in neither the index nor a shard") {
+    TempDir dir;
+    write_sharded(dir, test::fixture("tiny_llama"), 2, {down});
+    const ModelSource source = ModelSource::open(dir.path);  // a consistent checkpoint, one tensor short
+    CHECK_THROWS_AS(TinyModel::load(source), NotFoundError);
+    CHECK_THROWS_WITH(TinyModel::load(source), Contains(down));
+  }
 }
