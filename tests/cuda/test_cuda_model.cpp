@@ -255,7 +255,7 @@ TEST_CASE("PagedEngine<cuda> on dummy models: every greedy token is the CPU refe
 // and so summation order depends on M; attention splits chosen from the batch size; the LM head GEMM), and
 // a prefill chunk's tokens take the prefill attention kernel where a lone request's would take the decode
 // kernel. So each run is checked step by step against the CPU reference, and the spread between them printed.
-TEST_CASE("PagedEngine<cuda>: 64 requests alone and together each match the CPU reference step by step; every block returns",
+TEST_CASE("PagedEngine<cuda>: 64 requests alone and together each match the CPU reference step by step, every block returns",
           "[cuda][engine][batching]") {
   std::mt19937 rng(test_seed("gpu batching"));
   const ModelConfig config = small_llama();

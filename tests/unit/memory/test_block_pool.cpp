@@ -122,7 +122,7 @@ TEST_CASE("touching a cached free block takes it off the free queue", "[memory][
   CHECK(pool.free_queue().back() == a);
 }
 
-TEST_CASE("a hash keeps its first block; a duplicate registration is refused", "[memory][block_pool]") {
+TEST_CASE("a hash keeps its first block, a duplicate registration is refused", "[memory][block_pool]") {
   BlockPool pool(3);
   const auto a = *pool.take();
   const auto b = *pool.take();

@@ -154,7 +154,7 @@ TEST_CASE("grow adds a block exactly when the token count crosses a block bounda
   CHECK_THROWS_WITH(a.grow(s, -1), Catch::Contains("asked for -1 tokens"));
 }
 
-TEST_CASE("fork shares every block; free drops the references again", "[memory][paged]") {
+TEST_CASE("fork shares every block, free drops the references again", "[memory][paged]") {
   PagedBlockAllocator<4> a(8);
   auto parent = make_seq(1, iota(6, 0), 6);
   REQUIRE(a.allocate(parent));
@@ -229,7 +229,7 @@ TEST_CASE("a full shared block that is not written is never copied", "[memory][p
   CHECK(a.pool().block(1).ref_count == 2);
 }
 
-TEST_CASE("copy-on-write covers a partly computed block; an uncomputed shared block is replaced without a copy",
+TEST_CASE("copy-on-write covers a partly computed block, an uncomputed shared block is replaced without a copy",
           "[memory][paged]") {
   PagedBlockAllocator<4> a(8);
   // 8 tokens allocated, 7 computed: block 1 holds computed rows 4..6 and the pending token 7.
@@ -376,7 +376,7 @@ TEST_CASE("two sequences computing the same blocks: the first registration wins"
   CHECK_FALSE(a.pool().block(table(a, s2)[0]).hash.has_value());
 }
 
-TEST_CASE("LRU: a freed sequence's tail is evicted before its head; touched blocks are safe", "[memory][paged][prefix]") {
+TEST_CASE("LRU: a freed sequence's tail is evicted before its head, touched blocks are safe", "[memory][paged][prefix]") {
   PagedBlockAllocator<4> a(4);
   auto s = make_seq(1, iota(8, 0));  // blocks 0, 1, both full
   admit_and_compute(a, s);

@@ -562,7 +562,7 @@ TEST_CASE("paged and contiguous attention give the same logits", "[model][llama]
   CHECK_THROWS_AS(contig.forward(std::span(&c, 1), cc, logits), InvalidArgument);
 }
 
-TEST_CASE("Qwen2: q/k/v biases are used; the GGUF (tied, neox) equals the HF folder", "[model][qwen2]") {
+TEST_CASE("Qwen2: q/k/v biases are used, the GGUF (tied, neox) equals the HF folder", "[model][qwen2]") {
   const auto& f = qwen2_fixture();
   const auto hf_src = ModelSource::open(f.hf);
   const auto gg_src = ModelSource::open(f.gguf);

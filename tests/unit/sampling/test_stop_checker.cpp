@@ -173,7 +173,7 @@ TEST_CASE("when several stop strings complete in one token, the one ending first
   CHECK(same_end.stop_string_index() == std::optional<std::size_t>(1));
 }
 
-TEST_CASE("EOS stops; its text is dropped unless include_stop_str_in_output", "[stop][eos]") {
+TEST_CASE("EOS stops, its text is dropped unless include_stop_str_in_output", "[stop][eos]") {
   Ids ids = encode("Hello world");
   ids.push_back(im_end);
   ids.push_back(encode(" more")[0]);
@@ -202,7 +202,7 @@ TEST_CASE("EOS stops; its text is dropped unless include_stop_str_in_output", "[
   }
 }
 
-TEST_CASE("ignore_eos generates past EOS up to max_tokens; stop ids still stop", "[stop][eos]") {
+TEST_CASE("ignore_eos generates past EOS up to max_tokens, stop ids still stop", "[stop][eos]") {
   Ids ids = encode("Hello world");
   ids.push_back(im_end);
   const Ids more = encode(" again.");

@@ -143,7 +143,7 @@ TEST_CASE("the token budget bounds a step exactly", "[sched][continuous]") {
   }
 }
 
-TEST_CASE("a prompt longer than the budget is chunked with exact sizes; only the last chunk samples",
+TEST_CASE("a prompt longer than the budget is chunked with exact sizes, only the last chunk samples",
           "[sched][continuous]") {
   Fifo sched(config(8, 8));
   FakePagedAllocator alloc(100, 4);
@@ -162,7 +162,7 @@ TEST_CASE("a prompt longer than the budget is chunked with exact sizes; only the
   CHECK(alloc.num_free_blocks() == 100);
 }
 
-TEST_CASE("decodes and prefill chunks share a step; decodes come first", "[sched][continuous]") {
+TEST_CASE("decodes and prefill chunks share a step, decodes come first", "[sched][continuous]") {
   SECTION("first come first served") {
     Fifo sched(config(8, 8));
     FakePagedAllocator alloc(100, 4);
@@ -190,7 +190,7 @@ TEST_CASE("decodes and prefill chunks share a step; decodes come first", "[sched
   }
 }
 
-TEST_CASE("a policy orders admission; the default is arrival order", "[sched][continuous][policy]") {
+TEST_CASE("a policy orders admission, the default is arrival order", "[sched][continuous][policy]") {
   FakePagedAllocator alloc(100, 4);
   SECTION("Fcfs: the long early prompt takes the budget") {
     Fifo sched(config(4, 8));
@@ -229,7 +229,7 @@ TEST_CASE("an earlier request is never overtaken by a later one that fits when i
   CHECK(alloc.num_free_blocks() == 4);
 }
 
-TEST_CASE("a decode that finds no block preempts the newest; it is later recomputed from 0",
+TEST_CASE("a decode that finds no block preempts the newest, it is later recomputed from 0",
           "[sched][continuous][preempt]") {
   Fifo sched(config(4, 64));
   FakePagedAllocator alloc(3, 4);
@@ -331,7 +331,7 @@ TEST_CASE("finish and abort return every block, wherever the sequence is", "[sch
   }
 }
 
-TEST_CASE("fork shares the parent's blocks; the child runs right after it", "[sched][continuous][fork]") {
+TEST_CASE("fork shares the parent's blocks, the child runs right after it", "[sched][continuous][fork]") {
   Fifo sched(config(4, 64));
   FakePagedAllocator alloc(8, 4);
   Sim sim{sched, alloc};

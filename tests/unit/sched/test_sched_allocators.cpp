@@ -55,7 +55,7 @@ TEST_CASE("a prompt whose prefix is cached computes only the rest", "[sched][pag
   CHECK(alloc.stats().live_sequences == 0);
 }
 
-TEST_CASE("preemption with the paged allocator; with prefix caching the victim resumes from its cached prefix",
+TEST_CASE("preemption with the paged allocator, with prefix caching the victim resumes from its cached prefix",
           "[sched][paged][preempt]") {
   const bool caching = GENERATE(false, true);
   CAPTURE(caching);

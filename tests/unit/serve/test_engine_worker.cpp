@@ -83,7 +83,7 @@ EngineWorker& shared_worker() {
 
 }  // namespace
 
-TEST_CASE("worker: streamed tokens equal the engine's own greedy output; cancel returns every block", "[serve][worker]") {
+TEST_CASE("worker: streamed tokens equal the engine's own greedy output, cancel returns every block", "[serve][worker]") {
   EngineWorker* w = &shared_worker();
   const Tokenizer* tok = w->tokenizer();
   REQUIRE(tok != nullptr);

@@ -41,7 +41,7 @@ TEST_CASE("a config becomes engine specs over the command line's defaults", "[se
   CHECK(c.engines[0].llm.engine_options.max_model_len == 2048);  // inherited
 }
 
-TEST_CASE("rules in order, then the default; fallbacks follow", "[serve][router]") {
+TEST_CASE("rules in order, then the default, fallbacks follow", "[serve][router]") {
   const Router r(parse_router_config(config, base_spec()));
   using V = std::vector<std::size_t>;
   CHECK(r.candidates(query(20)) == V{0, 1, 2});              // short prompt: the default, then the fallbacks

@@ -57,7 +57,7 @@ TEST_CASE("an emoji split across tokens is emitted once complete", "[incremental
   CHECK(dec.flush().empty());
 }
 
-TEST_CASE("leftovers flush as U+FFFD; broken sequences mid-stream too", "[incremental]") {
+TEST_CASE("leftovers flush as U+FFFD, broken sequences mid-stream too", "[incremental]") {
   const Ids emoji = smollm2().encode("🚀", {.add_bos = false});
   REQUIRE(emoji.size() >= 2);
   const Ids a = smollm2().encode("a", {.add_bos = false});

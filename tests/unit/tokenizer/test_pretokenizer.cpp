@@ -80,7 +80,7 @@ TEST_CASE("gaps between matches of a custom pattern are pieces too", "[pretokeni
   CHECK(PreTokenizer::from_patterns({}).split("a b") == Pieces{"a b"});
 }
 
-TEST_CASE("GGUF pre-tokenizer names map onto kinds; unknown names are refused", "[pretokenizer]") {
+TEST_CASE("GGUF pre-tokenizer names map onto kinds, unknown names are refused", "[pretokenizer]") {
   CHECK(PreTokenizer::from_gguf_name("llama-bpe").kind() == PreTokenizerKind::llama3);
   CHECK(PreTokenizer::from_gguf_name("llama3").kind() == PreTokenizerKind::llama3);
   CHECK(PreTokenizer::from_gguf_name("qwen2").kind() == PreTokenizerKind::qwen2);

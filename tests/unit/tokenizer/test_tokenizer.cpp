@@ -112,7 +112,7 @@ TEST_CASE("special tokens are split out first, longest match, unless parse_speci
         Ids{tok.find("a").value(), 0, tok.find("b").value()});
 }
 
-TEST_CASE("non-special added tokens match even with parse_special off; longest wins", "[tokenizer]") {
+TEST_CASE("non-special added tokens match even with parse_special off, longest wins", "[tokenizer]") {
   json j = tiny();
   const auto tool = j["model"]["vocab"]["<tool>"].get<std::int32_t>();
   const Tokenizer tok = tiny_tok(j);
