@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-choices", so.max_choices, "choices one request may ask for (prompts x n); 400 beyond")
       ->capture_default_str();
   app.add_option("--router", router_config, "a router config (JSON): several engines and the rules that pick one");
+  // Hidden from --help: the routes it adds let any client stall the server.
+  app.add_flag("--enable-test-hooks", so.test_hooks, "tests only: POST /debug/hold and /debug/release park the engine loops")
+      ->group("");
   CLI11_PARSE(app, argc, argv);
   llm.engine_options.enable_prefix_caching = !no_prefix_caching;
   so.max_body_bytes = max_body;
@@ -138,6 +141,8 @@ int main(int argc, char** argv) {
   }
   fmt::print(stderr, "infer-serve: listening on http://{}:{} (loading {} on {})\n", so.host, server->port(),
              so.model_path, spec.backend);
+  if (so.test_hooks)
+    fmt::print(stderr, "infer-serve: test hooks enabled (POST /debug/hold, /debug/release): not for production\n");
   std::thread http([&] { server->serve(); });
 
   auto shut_down = [&](int code) {

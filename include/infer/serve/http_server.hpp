@@ -16,6 +16,11 @@
 /// Every error body has OpenAI's shape (api_error.hpp), including the ones httplib produces itself
 /// (404 for an unknown route, 413 for an oversized body), which the error handler rewrites.
 /// Only /v1/* needs the API key, as in vLLM: probes and scrapers reach /health and /metrics without it.
+///
+/// With `test_hooks` (--enable-test-hooks, for tests only) two more routes hold and release every
+/// engine's loop (EngineWorker::hold): `POST /debug/hold` answers once every loop is parked, so a test
+/// waits for the state instead of sleeping; `POST /debug/release` lets them go on. They are not in
+/// /openapi.json and need no API key: a server that has them must not face the network.
 
 #include <httplib.h>
 
@@ -59,6 +64,7 @@ struct ServerOptions {
   int keep_alive_timeout_s = 5;
   std::chrono::milliseconds admission_timeout{30000};  ///< longest wait for the engine thread to admit
   std::chrono::milliseconds poll_interval{50};          ///< how often a waiting response checks its client
+  bool test_hooks = false;                   ///< POST /debug/hold and /debug/release (tests only)
 };
 
 class OpenAIServer {
@@ -460,6 +466,30 @@ class OpenAIServer {
     res.set_content(dump_body(json{{"prompt", tok.decode(r.tokens)}}), "application/json");
   }
 
+  /// POST /debug/hold: parks every engine's loop; 200 once all are parked (within admission_timeout,
+  /// the same bound as for the engine thread taking a request), else 503 with the hold still asked for.
+  void debug_hold(httplib::Response& res) {
+    json held = json::array();
+    for (auto* w : workers_) w->hold();
+    for (auto* w : workers_) {
+      if (!w->wait_held(o_.admission_timeout))
+        throw HttpError(ApiError::unavailable(infer::detail::cat("engine '", w->name(), "' did not park within ",
+                                                                 o_.admission_timeout.count(), " ms"),
+                                              "hold_timeout", 1));
+      held.push_back(w->name());
+    }
+    res.set_content(json{{"held", held}}.dump(), "application/json");
+  }
+
+  void debug_release(httplib::Response& res) {
+    json released = json::array();
+    for (auto* w : workers_) {
+      w->release();
+      released.push_back(w->name());
+    }
+    res.set_content(json{{"released", released}}.dump(), "application/json");
+  }
+
   static bool known_route(const std::string& path) {
     for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize",
                           "/detokenize", "/version", "/openapi.json"})
@@ -527,6 +557,10 @@ class OpenAIServer {
     svr_.Get("/openapi.json", guarded("/openapi.json", [this](auto&, auto& s) {
       s.set_content(openapi_document(INFER_VERSION, !o_.api_key.empty(), static_cast<std::int64_t>(o_.max_choices)).dump(), "application/json");
     }));
+    if (o_.test_hooks) {
+      svr_.Post("/debug/hold", guarded("/debug/hold", [this](auto&, auto& s) { debug_hold(s); }));
+      svr_.Post("/debug/release", guarded("/debug/release", [this](auto&, auto& s) { debug_release(s); }));
+    }
     // A known path with the wrong method: 405 naming the method to use.
     auto wrong_method = [](const char* allowed) {
       return [allowed](const httplib::Request& req, httplib::Response& res) {
