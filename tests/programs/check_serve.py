@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """infer-serve driven over HTTP on loopback with the default model: both endpoints streaming and not,
-greedy output equal to infer-generate's, 32 concurrent streams, every error case with its status and
-OpenAI-shaped body, clients that hang up (streaming and not) after which the KV cache is empty again,
-tokenize/detokenize, models, metrics, the OpenAPI document, and a SIGTERM drain that exits 0.
+greedy output equal to infer-generate's, 32 concurrent streams batched together, every error case with
+its status and OpenAI-shaped body, clients that hang up (streaming and not) after which the KV cache is
+empty again, tokenize/detokenize, models, metrics, the OpenAPI document, and a SIGTERM drain that exits 0.
 
 usage: check_serve.py BIN_DIR MODEL"""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -37,8 +38,10 @@ def check_error(status, body, want_status, what, param=None, contains=()):
     check(ok, f"{what}: status {status} (want {want_status}), body {body!r}")
 
 
+# --enable-test-hooks: the drain and the concurrent streams below hold the engine loop (/debug/hold) to pin
+# the state they check instead of betting on the machine's speed.
 with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--served-model-name", "alias",
-            "--max-model-len", "2048", "--max-request-body", "65536") as s:
+            "--max-model-len", "2048", "--max-request-body", "65536", "--enable-test-hooks") as s:
     st, h, body = s.health_at_start
     check(st == 503 and json.loads(body)["error"]["code"] == "loading" and "retry-after" in h,
           f"/health is 503 while loading: {st} {body!r}")
@@ -130,6 +133,8 @@ with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--se
     check(text == ref["text"], f"streamed chat equals infer-generate --chat: {text!r}")
 
     # ---- 32 concurrent streams ---------------------------------------------------------------------
+    # Queued while the engine loop is held, they are all there when it resumes: batched together, 32
+    # streams of 8 tokens take about 8 steps, where fewer than 8 running at a time would take 32 or more.
     results = [None] * 32
 
     def one(i):
@@ -140,19 +145,22 @@ with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--se
                                   timeout=300)
         except Exception as e:  # noqa: BLE001 - recorded as a failed stream
             results[i] = e
-    peak = [0.0]
+    check(s.hold(), "engine loop held for the concurrent streams")
+    steps0 = s.metric("infer:engine_steps_total")
     threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
-    t0 = time.time()
     for t in threads:
         t.start()
-    while any(t.is_alive() for t in threads) and time.time() - t0 < 300:
-        peak[0] = max(peak[0], s.metric("infer:num_requests_running"))
-        time.sleep(0.05)
+    queued = s.wait_metric("infer:num_requests_waiting", lambda v: v == 32, timeout=60)
+    check(queued == 32, f"32 streams queued on the held engine ({queued})")
+    check(s.release(), "engine loop released")
     for t in threads:
-        t.join(timeout=10)
+        t.join(timeout=300)
     good = [r for r in results if isinstance(r, tuple) and r[0] == 200 and r[2] and r[1][-1]["usage"]["completion_tokens"] == 8]
     check(len(good) == 32, f"32 concurrent streams all complete: {[r if not isinstance(r, tuple) else r[0] for r in results]}")
-    check(peak[0] >= 8, f"they ran batched together (peak running {peak[0]})")
+    # The snapshot is published after the step whose responses went out: wait for the one showing none running.
+    s.wait_metric("infer:num_requests_running", lambda v: v == 0)
+    steps = s.metric("infer:engine_steps_total") - steps0
+    check(steps < 32, f"they ran batched together: 32 x 8 tokens in {steps:.0f} steps")
 
     # ---- errors: status and OpenAI body --------------------------------------------------------------
     st, _, b = s.request("POST", "/v1/completions", raw=b'{"prompt": "x", ', headers=AUTH)
@@ -241,28 +249,33 @@ with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--se
     check(st == 200 and {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize",
                          "/detokenize"} <= set(doc["paths"]), "openapi.json describes every endpoint")
 
-    # ---- SIGTERM drains: the running request finishes, new ones get 503, exit 0 --------------------------
+    # ---- SIGTERM drains: accepted work finishes, new requests get 503, exit 0 --------------------------
+    # The engine loop is held, so the accepted request cannot finish before the 503s are checked however
+    # fast the machine: it waits for its slot when SIGTERM arrives and must still be served in full.
     inflight = {}
 
     def long_request():
         inflight["r"] = s.stream("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True,
                                                      "stream": True}, AUTH, timeout=120)
+    check(s.hold(), "engine loop held for the drain")
     t = threading.Thread(target=long_request)
     t.start()
-    deadline = time.time() + 30
-    while s.metric("infer:num_requests_running") < 1 and time.time() < deadline:
-        time.sleep(0.02)
-    s.proc.send_signal(15)
-    time.sleep(0.3)
+    queued = s.wait_metric("infer:num_requests_waiting", lambda v: v == 1)
+    check(queued == 1, f"the request is accepted and waits on the held engine ({queued})")
+    s.proc.send_signal(signal.SIGTERM)
+    st, h, b = s.wait_health(503, "shutting_down")
+    check(st == 503 and error_shape_ok(b) and b["error"]["code"] == "shutting_down" and "retry-after" in h,
+          f"/health is 503 shutting_down while draining: {st} {b}")
     st, h, b = s.post("/v1/completions", {"prompt": "x", "max_tokens": 1}, AUTH)
     check_error(st, b, 503, "a new request while draining")
-    check("retry-after" in h, "503 while draining has Retry-After")
-    st, _, b = s.request("GET", "/health")
-    check(st == 503 and json.loads(b)["error"]["code"] == "shutting_down", "/health is 503 while draining")
+    check(st == 503 and error_shape_ok(b) and b["error"]["code"] == "shutting_down" and "retry-after" in h,
+          f"503 shutting_down with Retry-After while draining: {b} {h}")
+    check(t.is_alive() and s.proc.poll() is None, "the server waits for the accepted request")
+    check(s.release(), "engine loop released during the drain")
     t.join(timeout=120)
     r = inflight.get("r")
     check(r is not None and r[0] == 200 and r[2] and sum(len(e["choices"]) and 1 for e in r[1]) == 40,
-          f"the in-flight stream finished all 40 tokens during the drain: {r and (r[0], len(r[1]), r[2])}")
+          f"the accepted stream finished all 40 tokens during the drain: {r and (r[0], len(r[1]), r[2])}")
     code = s.terminate(timeout=60)
     check(code == 0, f"exit status 0 after SIGTERM (got {code}): {s.output()[-500:]}")
 
