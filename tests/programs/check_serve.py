@@ -2,7 +2,8 @@
 """infer-serve driven over HTTP on loopback with the default model: both endpoints streaming and not,
 greedy output equal to infer-generate's, 32 concurrent streams batched together, every error case with
 its status and OpenAI-shaped body, clients that hang up (streaming and not) after which the KV cache is
-empty again, tokenize/detokenize, models, metrics, the OpenAPI document, and a SIGTERM drain that exits 0.
+empty again, tokenize/detokenize, models, metrics, the OpenAPI document, a SIGTERM drain that exits 0, and
+SIGTERM while loading and twice while draining (exit 0 at once).
 
 usage: check_serve.py BIN_DIR MODEL"""
 import json
@@ -276,7 +277,35 @@ with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--se
     r = inflight.get("r")
     check(r is not None and r[0] == 200 and r[2] and sum(len(e["choices"]) and 1 for e in r[1]) == 40,
           f"the accepted stream finished all 40 tokens during the drain: {r and (r[0], len(r[1]), r[2])}")
+    code = s.wait_exit(timeout=60)
+    check(code == 0, f"exit status 0 after the drain (got {code}): {s.output()[-500:]}")
+
+# ---- signals while loading, and a second one while draining ----------------------------------------------
+# SIGTERM as soon as the socket is open, the model still loading (or, on a machine that loads it at once,
+# already serving: then it drains): either way the server stops itself and exits 0, not killed by the signal.
+with Server(bin_dir, model, wait_ready=False) as s:
     code = s.terminate(timeout=60)
-    check(code == 0, f"exit status 0 after SIGTERM (got {code}): {s.output()[-500:]}")
+    check(code == 0 and "infer-serve: stopped" in s.output(), f"SIGTERM while loading: exit 0 (got {code}): {s.output()[-500:]}")
+
+# A second signal stops at once: the held engine keeps a request outstanding, and the drain timeout is far
+# beyond the wait for the exit, so only the second signal can end the process in time.
+with Server(bin_dir, model, "--enable-test-hooks", "--drain-timeout", "600") as s:
+    check(s.hold(), "engine loop held")
+    queued_request = {}
+    t = threading.Thread(target=lambda: queued_request.setdefault("r", s.post(
+        "/v1/completions", {"prompt": "x", "max_tokens": 1}, timeout=120)))
+    t.start()
+    check(s.wait_metric("infer:num_requests_waiting", lambda v: v == 1) == 1, "a request waits on the held engine")
+    s.proc.send_signal(signal.SIGTERM)
+    st, _, b = s.wait_health(503, "shutting_down")
+    check(st == 503 and error_shape_ok(b) and b["error"]["code"] == "shutting_down", f"draining: {st} {b}")
+    s.proc.send_signal(signal.SIGTERM)
+    code = s.wait_exit(timeout=60)
+    check(code == 0 and "aborting 1 requests" in s.output(),
+          f"a second SIGTERM stops at once with exit 0 (got {code}): {s.output()[-500:]}")
+    t.join(timeout=60)
+    st, _, b = queued_request.get("r", (None, None, None))
+    check(st == 503 and error_shape_ok(b) and b["error"]["code"] == "shutting_down",
+          f"the request still waiting is refused 503 shutting_down: {st} {b}")
 
 finish()

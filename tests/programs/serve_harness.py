@@ -80,6 +80,15 @@ class Server:
             self.kill()
             return None
 
+    def wait_exit(self, timeout=60):
+        """The exit status once the server exits by itself, no signal sent (after the SIGTERM a check sent
+        already: a second one would stop it at once); killed and None when it does not exit in time."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
     def kill(self):
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
