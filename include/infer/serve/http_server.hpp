@@ -23,6 +23,7 @@
 /// /openapi.json and need no API key: a server that has them must not face the network.
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -48,6 +49,18 @@
 #include "infer/version.hpp"
 
 namespace infer::serve {
+
+namespace detail {
+/// httplib's server with a listen backlog fit for bursts. cpp-httplib 0.11 listens with a backlog of 5
+/// (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's library): when more connections than that arrived
+/// while the accept thread waited for a core, the kernel dropped their handshakes (TcpExtListenOverflows):
+/// clients waited for SYN-ACK retransmits (1 s, 3 s, ...) and some were reset. 32 streams opened at once
+/// on 2 cores hit it about one time in five. listen() on a listening socket changes only its backlog.
+class HttpServer : public httplib::Server {
+ public:
+  bool raise_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+};
+}  // namespace detail
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -84,13 +97,13 @@ class OpenAIServer {
   /// Binds the socket; false when the address is taken or invalid.
   bool bind() {
     if (o_.port == 0) {
-      const int p = svr_.bind_to_any_port(o_.host);
-      if (p <= 0) return false;
-      port_ = p;
-      return true;
+      port_ = svr_.bind_to_any_port(o_.host);
+      if (port_ <= 0) return false;
+    } else {
+      port_ = o_.port;
+      if (!svr_.bind_to_port(o_.host, o_.port)) return false;
     }
-    port_ = o_.port;
-    return svr_.bind_to_port(o_.host, o_.port);
+    return svr_.raise_backlog(SOMAXCONN);
   }
   [[nodiscard]] int port() const noexcept { return port_; }
   /// Serves until stop(); returns false when the listener failed.
@@ -585,7 +598,7 @@ class OpenAIServer {
   Router router_;
   std::vector<EngineWorker*> workers_;
   std::int64_t started_;
-  httplib::Server svr_;
+  detail::HttpServer svr_;
   int port_ = 0;
   mutable std::mutex template_mu_;
   mutable std::optional<ChatTemplate> template_;
