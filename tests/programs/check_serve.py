@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """infer-serve driven over HTTP on loopback with the default model: both endpoints streaming and not,
-greedy output equal to infer-generate's, 32 concurrent streams batched together, every error case with
-its status and OpenAI-shaped body, clients that hang up (streaming and not) after which the KV cache is
-empty again, tokenize/detokenize, models, metrics, the OpenAPI document, a SIGTERM drain that exits 0, and
-SIGTERM while loading and twice while draining (exit 0 at once).
+greedy output equal to infer-generate's, the server-sent-event wire format and content types read byte
+by byte, 32 concurrent streams batched together, every error case with its status and OpenAI-shaped
+body, clients that hang up (streaming and not) after which the KV cache is empty again,
+tokenize/detokenize, models, metrics, the OpenAPI document, a SIGTERM drain that exits 0, and SIGTERM
+while loading and twice while draining (exit 0 at once).
 
 usage: check_serve.py BIN_DIR MODEL"""
+import http.client
 import json
 import os
 import signal
@@ -28,6 +30,75 @@ def generate(*args):
     r = subprocess.run([os.path.join(bin_dir, "infer-generate"), "--model", model, *args, "--json"],
                        capture_output=True, text=True, timeout=300)
     return json.loads(r.stdout)["results"][0]["outputs"][0] if r.returncode == 0 else None
+
+
+def sse_exchange(port, path, body, what):
+    """One streamed request read byte by byte with http.client, its framing checked; returns the chunks'
+    JSON objects. The chunked body must end with its terminating chunk (http.client raises IncompleteRead
+    otherwise) and nothing after it: the same kept-alive connection then serves another request."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=120)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json", **AUTH})
+        r = conn.getresponse()
+        ctype = r.getheader("Content-Type", "")
+        media, *params = [p.strip().lower() for p in ctype.split(";")]
+        check(r.status == 200 and media == "text/event-stream" and set(params) <= {"charset=utf-8"},
+              f"{what}: 200 text/event-stream (any charset UTF-8): {r.status} {ctype!r}")
+        check(r.getheader("Transfer-Encoding") == "chunked" and r.getheader("Cache-Control") == "no-cache",
+              f"{what}: chunked, not cached: {r.getheaders()}")
+        raw = r.read()
+        done = b"data: [DONE]\n\n"
+        check(raw.endswith(done) and raw.count(b"[DONE]") == 1, f"{what}: ends with one data: [DONE]: {raw[-80:]!r}")
+        blocks = raw[:-len(done)].split(b"\n\n")
+        check(blocks[-1] == b"" and len(blocks) > 1, f"{what}: every event ends with a blank line")
+        chunks = []
+        for block in blocks[:-1]:
+            ok = block.startswith(b"data: ") and b"\n" not in block and b"\r" not in block
+            check(ok, f"{what}: an event is one 'data: ' line: {block[:120]!r}")
+            try:
+                chunks.append(json.loads(block[len(b"data: "):]))
+            except ValueError:
+                check(False, f"{what}: an event's data is JSON: {block[:120]!r}")
+        sock = conn.sock  # None had the server closed the connection (http.client would then open another)
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        check(sock is not None and conn.sock is sock and r.status == 200 and json.loads(r.read()) == {"status": "ok"},
+              f"{what}: the same connection serves the next request after the stream")
+        return chunks
+    finally:
+        conn.close()
+
+
+def check_chunks(chunks, what, chat, usage):
+    """OpenAI's chunk shape: one id and created throughout, the object type, choices with an index (chat:
+    the first chunk opens with the assistant's role), the last choice's finish reason, and with
+    include_usage a last chunk with no choices and the usage, null before it (absent without)."""
+    obj, prefix = ("chat.completion.chunk", "chatcmpl-") if chat else ("text_completion", "cmpl-")
+    check(chunks and all(c["object"] == obj and c["model"] == NAME for c in chunks)
+          and len({c["id"] for c in chunks}) == 1 and chunks[0]["id"].startswith(prefix)
+          and len({c["created"] for c in chunks}) == 1 and isinstance(chunks[0]["created"], int),
+          f"{what}: {obj} chunks with one id and created: {chunks[:2]}")
+    body = chunks[:-1] if usage else chunks
+    check(all(len(c["choices"]) == 1 and c["choices"][0]["index"] == 0 and "finish_reason" in c["choices"][0]
+              for c in body), f"{what}: every chunk has one choice with index 0 and finish_reason")
+    reasons = [c["choices"][0]["finish_reason"] for c in body]
+    check(reasons[-1] == "length" and all(r is None for r in reasons[:-1]),
+          f"{what}: only the last choice chunk has a finish reason: {reasons}")
+    if chat:
+        deltas = [c["choices"][0]["delta"] for c in body]
+        check(deltas[0].get("role") == "assistant" and all("role" not in d for d in deltas[1:])
+              and all(set(d) <= {"role", "content"} for d in deltas),
+              f"{what}: the first delta carries the role, the others content: {deltas[:3]}")
+    else:
+        check(all(isinstance(c["choices"][0]["text"], str) for c in body), f"{what}: every choice has text")
+    if usage:
+        u = chunks[-1]
+        check(u["choices"] == [] and u["usage"]["completion_tokens"] == 8
+              and u["usage"]["total_tokens"] == u["usage"]["prompt_tokens"] + 8
+              and all(c["usage"] is None for c in body),
+              f"{what}: include_usage gives a last chunk with only the usage, null before: {u}")
+    else:
+        check(all("usage" not in c for c in chunks), f"{what}: no usage without include_usage")
 
 
 def check_error(status, body, want_status, what, param=None, contains=()):
@@ -132,6 +203,22 @@ with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--se
           "streamed chat: role first, chunks, no usage unless asked")
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in evs)
     check(text == ref["text"], f"streamed chat equals infer-generate --chat: {text!r}")
+
+    # ---- the SSE wire format and content types -------------------------------------------------------
+    for path, req, chat in (("/v1/completions", {"prompt": prompt}, False),
+                            ("/v1/chat/completions", {"messages": messages}, True)):
+        for usage in (False, True):
+            what = f"SSE {path}{' with include_usage' if usage else ''}"
+            streamed = dict(req, max_tokens=8, ignore_eos=True, stream=True)
+            if usage:
+                streamed["stream_options"] = {"include_usage": True}
+            check_chunks(sse_exchange(s.port, path, streamed, what), what, chat, usage)
+        st, h, _ = s.request("POST", path, dict(req, max_tokens=2), headers=AUTH)
+        check(st == 200 and h.get("content-type") == "application/json",
+              f"{path} whole: Content-Type application/json: {st} {h.get('content-type')}")
+        st, h, b = s.request("POST", path, dict(req, stream=True, temperature=5), headers=AUTH)
+        check(st == 400 and h.get("content-type") == "application/json" and error_shape_ok(json.loads(b)),
+              f"{path} streamed but refused: a JSON error, not an event stream: {st} {h.get('content-type')}")
 
     # ---- 32 concurrent streams ---------------------------------------------------------------------
     # Queued while the engine loop is held, they are all there when it resumes: batched together, 32
