@@ -11,7 +11,13 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <ctime>
 #include <memory>
 #include <string>
@@ -26,12 +32,36 @@
 
 namespace {
 
-/// Waits up to `ms` for SIGTERM/SIGINT (blocked in every thread, so only this wait sees them).
-bool signal_within(const sigset_t& set, long ms) {
-  timespec ts{ms / 1000, (ms % 1000) * 1000000L};
-  const int sig = sigtimedwait(&set, nullptr, &ts);
-  if (sig > 0) fmt::print(stderr, "infer-serve: received {}\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  return sig > 0;
+/// SIGTERM and SIGINT reach main through a pipe: the handler writes the signal's number, signal_within()
+/// reads it. Blocking the signals and waiting in sigtimedwait() is not enough: the kernel hands a process
+/// signal to any thread that does not block it, and threads a library started before main() (OpenBLAS
+/// starts its pool from a constructor) never had the mask set here, so whenever main was not inside
+/// sigtimedwait (loading, shutting down) they took the signal and its default action killed the server
+/// (exit 143) instead of stopping it. With a handler, whichever thread takes it only writes a byte.
+int signal_pipe[2] = {-1, -1};
+
+extern "C" void on_shutdown_signal(int sig) {
+  const auto c = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const ssize_t n = write(signal_pipe[1], &c, 1);  // a full pipe already holds a signal
+}
+
+bool install_shutdown_signals() {
+  if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return false;
+  struct sigaction sa {};
+  sa.sa_handler = on_shutdown_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  return sigaction(SIGTERM, &sa, nullptr) == 0 && sigaction(SIGINT, &sa, nullptr) == 0;
+}
+
+/// Waits up to `ms` for SIGTERM/SIGINT; true when one came.
+bool signal_within(long ms) {
+  pollfd p{signal_pipe[0], POLLIN, 0};
+  (void)poll(&p, 1, static_cast<int>(ms));  // ends early on a byte, or on EINTR when main took the signal
+  unsigned char sig = 0;
+  if (read(signal_pipe[0], &sig, 1) != 1) return false;
+  fmt::print(stderr, "infer-serve: received {}\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  return true;
 }
 
 }  // namespace
@@ -86,14 +116,22 @@ int main(int argc, char** argv) {
   app.add_option("--max-choices", so.max_choices, "choices one request may ask for (prompts x n); 400 beyond")
       ->capture_default_str();
   app.add_option("--router", router_config, "a router config (JSON): several engines and the rules that pick one");
+  // Hidden from --help: the routes it adds let any client stall the server.
+  app.add_flag("--enable-test-hooks", so.test_hooks, "tests only: POST /debug/hold and /debug/release park the engine loops")
+      ->group("");
   CLI11_PARSE(app, argc, argv);
   llm.engine_options.enable_prefix_caching = !no_prefix_caching;
   so.max_body_bytes = max_body;
   so.model_path = spec.dummy.empty() ? spec.model.string() : spec.dummy;
   if (so.served_model_names.empty()) so.served_model_names.push_back(spec.name());
 
-  // Block the shutdown signals before any thread exists, so every thread inherits the mask and only
-  // signal_within() receives them. A write to a closed socket must not kill the server.
+  // The threads started below inherit a mask that blocks the shutdown signals, so none of their socket
+  // calls is interrupted; main unblocks them once those threads exist and takes them through the handler.
+  // A write to a closed socket must not kill the server.
+  if (!install_shutdown_signals()) {
+    fmt::print(stderr, "infer-serve: cannot set up the signal handlers: {}\n", std::strerror(errno));
+    return 1;
+  }
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -138,7 +176,10 @@ int main(int argc, char** argv) {
   }
   fmt::print(stderr, "infer-serve: listening on http://{}:{} (loading {} on {})\n", so.host, server->port(),
              so.model_path, spec.backend);
+  if (so.test_hooks)
+    fmt::print(stderr, "infer-serve: test hooks enabled (POST /debug/hold, /debug/release): not for production\n");
   std::thread http([&] { server->serve(); });
+  pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
 
   auto shut_down = [&](int code) {
     for (auto& w : workers) w->stop();  // aborts what is left; handlers waiting on it finish
@@ -156,7 +197,7 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "infer-serve: engine '{}' failed to load: {}\n", w->name(), w->load_error());
         return shut_down(1);
       }
-      if (signal_within(signals, 0)) {
+      if (signal_within(0)) {
         stop_now = true;
         break;
       }
@@ -168,14 +209,14 @@ int main(int argc, char** argv) {
   }
   if (stop_now) return shut_down(0);
 
-  while (!signal_within(signals, 1000)) {
+  while (!signal_within(1000)) {
   }
   // Drain: refuse new requests, let running ones finish within the timeout.
   fmt::print(stderr, "infer-serve: draining ({} requests outstanding, up to {} s)\n", server->outstanding(), drain_timeout_s);
   for (auto& w : workers) w->begin_drain();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(drain_timeout_s);
   while (server->outstanding() > 0 && std::chrono::steady_clock::now() < deadline)
-    if (signal_within(signals, 50)) break;
+    if (signal_within(50)) break;
   if (server->outstanding() > 0)
     fmt::print(stderr, "infer-serve: aborting {} requests still outstanding\n", server->outstanding());
   return shut_down(0);

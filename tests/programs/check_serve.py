@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """infer-serve driven over HTTP on loopback with the default model: both endpoints streaming and not,
-greedy output equal to infer-generate's, 32 concurrent streams, every error case with its status and
-OpenAI-shaped body, clients that hang up (streaming and not) after which the KV cache is empty again,
-tokenize/detokenize, models, metrics, the OpenAPI document, and a SIGTERM drain that exits 0.
+greedy output equal to infer-generate's, the server-sent-event wire format and content types read byte
+by byte, 32 concurrent streams batched together, every error case with its status and OpenAI-shaped
+body, clients that hang up (streaming and not) after which the KV cache is empty again,
+tokenize/detokenize, models, metrics, the OpenAPI document, a SIGTERM drain that exits 0, and SIGTERM
+while loading and twice while draining (exit 0 at once).
 
 usage: check_serve.py BIN_DIR MODEL"""
+import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +32,75 @@ def generate(*args):
     return json.loads(r.stdout)["results"][0]["outputs"][0] if r.returncode == 0 else None
 
 
+def sse_exchange(port, path, body, what):
+    """One streamed request read byte by byte with http.client, its framing checked; returns the chunks'
+    JSON objects. The chunked body must end with its terminating chunk (http.client raises IncompleteRead
+    otherwise) and nothing after it: the same kept-alive connection then serves another request."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=120)
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json", **AUTH})
+        r = conn.getresponse()
+        ctype = r.getheader("Content-Type", "")
+        media, *params = [p.strip().lower() for p in ctype.split(";")]
+        check(r.status == 200 and media == "text/event-stream" and set(params) <= {"charset=utf-8"},
+              f"{what}: 200 text/event-stream (any charset UTF-8): {r.status} {ctype!r}")
+        check(r.getheader("Transfer-Encoding") == "chunked" and r.getheader("Cache-Control") == "no-cache",
+              f"{what}: chunked, not cached: {r.getheaders()}")
+        raw = r.read()
+        done = b"data: [DONE]\n\n"
+        check(raw.endswith(done) and raw.count(b"[DONE]") == 1, f"{what}: ends with one data: [DONE]: {raw[-80:]!r}")
+        blocks = raw[:-len(done)].split(b"\n\n")
+        check(blocks[-1] == b"" and len(blocks) > 1, f"{what}: every event ends with a blank line")
+        chunks = []
+        for block in blocks[:-1]:
+            ok = block.startswith(b"data: ") and b"\n" not in block and b"\r" not in block
+            check(ok, f"{what}: an event is one 'data: ' line: {block[:120]!r}")
+            try:
+                chunks.append(json.loads(block[len(b"data: "):]))
+            except ValueError:
+                check(False, f"{what}: an event's data is JSON: {block[:120]!r}")
+        sock = conn.sock  # None had the server closed the connection (http.client would then open another)
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        check(sock is not None and conn.sock is sock and r.status == 200 and json.loads(r.read()) == {"status": "ok"},
+              f"{what}: the same connection serves the next request after the stream")
+        return chunks
+    finally:
+        conn.close()
+
+
+def check_chunks(chunks, what, chat, usage):
+    """OpenAI's chunk shape: one id and created throughout, the object type, choices with an index (chat:
+    the first chunk opens with the assistant's role), the last choice's finish reason, and with
+    include_usage a last chunk with no choices and the usage, null before it (absent without)."""
+    obj, prefix = ("chat.completion.chunk", "chatcmpl-") if chat else ("text_completion", "cmpl-")
+    check(chunks and all(c["object"] == obj and c["model"] == NAME for c in chunks)
+          and len({c["id"] for c in chunks}) == 1 and chunks[0]["id"].startswith(prefix)
+          and len({c["created"] for c in chunks}) == 1 and isinstance(chunks[0]["created"], int),
+          f"{what}: {obj} chunks with one id and created: {chunks[:2]}")
+    body = chunks[:-1] if usage else chunks
+    check(all(len(c["choices"]) == 1 and c["choices"][0]["index"] == 0 and "finish_reason" in c["choices"][0]
+              for c in body), f"{what}: every chunk has one choice with index 0 and finish_reason")
+    reasons = [c["choices"][0]["finish_reason"] for c in body]
+    check(reasons[-1] == "length" and all(r is None for r in reasons[:-1]),
+          f"{what}: only the last choice chunk has a finish reason: {reasons}")
+    if chat:
+        deltas = [c["choices"][0]["delta"] for c in body]
+        check(deltas[0].get("role") == "assistant" and all("role" not in d for d in deltas[1:])
+              and all(set(d) <= {"role", "content"} for d in deltas),
+              f"{what}: the first delta carries the role, the others content: {deltas[:3]}")
+    else:
+        check(all(isinstance(c["choices"][0]["text"], str) for c in body), f"{what}: every choice has text")
+    if usage:
+        u = chunks[-1]
+        check(u["choices"] == [] and u["usage"]["completion_tokens"] == 8
+              and u["usage"]["total_tokens"] == u["usage"]["prompt_tokens"] + 8
+              and all(c["usage"] is None for c in body),
+              f"{what}: include_usage gives a last chunk with only the usage, null before: {u}")
+    else:
+        check(all("usage" not in c for c in chunks), f"{what}: no usage without include_usage")
+
+
 def check_error(status, body, want_status, what, param=None, contains=()):
     ok = status == want_status and error_shape_ok(body)
     if ok and param is not None:
@@ -37,8 +110,10 @@ def check_error(status, body, want_status, what, param=None, contains=()):
     check(ok, f"{what}: status {status} (want {want_status}), body {body!r}")
 
 
+# --enable-test-hooks: the drain and the concurrent streams below hold the engine loop (/debug/hold) to pin
+# the state they check instead of betting on the machine's speed.
 with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--served-model-name", "alias",
-            "--max-model-len", "2048", "--max-request-body", "65536") as s:
+            "--max-model-len", "2048", "--max-request-body", "65536", "--enable-test-hooks") as s:
     st, h, body = s.health_at_start
     check(st == 503 and json.loads(body)["error"]["code"] == "loading" and "retry-after" in h,
           f"/health is 503 while loading: {st} {body!r}")
@@ -129,7 +204,25 @@ with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--se
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in evs)
     check(text == ref["text"], f"streamed chat equals infer-generate --chat: {text!r}")
 
+    # ---- the SSE wire format and content types -------------------------------------------------------
+    for path, req, chat in (("/v1/completions", {"prompt": prompt}, False),
+                            ("/v1/chat/completions", {"messages": messages}, True)):
+        for usage in (False, True):
+            what = f"SSE {path}{' with include_usage' if usage else ''}"
+            streamed = dict(req, max_tokens=8, ignore_eos=True, stream=True)
+            if usage:
+                streamed["stream_options"] = {"include_usage": True}
+            check_chunks(sse_exchange(s.port, path, streamed, what), what, chat, usage)
+        st, h, _ = s.request("POST", path, dict(req, max_tokens=2), headers=AUTH)
+        check(st == 200 and h.get("content-type") == "application/json",
+              f"{path} whole: Content-Type application/json: {st} {h.get('content-type')}")
+        st, h, b = s.request("POST", path, dict(req, stream=True, temperature=5), headers=AUTH)
+        check(st == 400 and h.get("content-type") == "application/json" and error_shape_ok(json.loads(b)),
+              f"{path} streamed but refused: a JSON error, not an event stream: {st} {h.get('content-type')}")
+
     # ---- 32 concurrent streams ---------------------------------------------------------------------
+    # Queued while the engine loop is held, they are all there when it resumes: batched together, 32
+    # streams of 8 tokens take about 8 steps, where fewer than 8 running at a time would take 32 or more.
     results = [None] * 32
 
     def one(i):
@@ -140,19 +233,22 @@ with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--se
                                   timeout=300)
         except Exception as e:  # noqa: BLE001 - recorded as a failed stream
             results[i] = e
-    peak = [0.0]
+    check(s.hold(), "engine loop held for the concurrent streams")
+    steps0 = s.metric("infer:engine_steps_total")
     threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
-    t0 = time.time()
     for t in threads:
         t.start()
-    while any(t.is_alive() for t in threads) and time.time() - t0 < 300:
-        peak[0] = max(peak[0], s.metric("infer:num_requests_running"))
-        time.sleep(0.05)
+    queued = s.wait_metric("infer:num_requests_waiting", lambda v: v == 32, timeout=60)
+    check(queued == 32, f"32 streams queued on the held engine ({queued})")
+    check(s.release(), "engine loop released")
     for t in threads:
-        t.join(timeout=10)
+        t.join(timeout=300)
     good = [r for r in results if isinstance(r, tuple) and r[0] == 200 and r[2] and r[1][-1]["usage"]["completion_tokens"] == 8]
     check(len(good) == 32, f"32 concurrent streams all complete: {[r if not isinstance(r, tuple) else r[0] for r in results]}")
-    check(peak[0] >= 8, f"they ran batched together (peak running {peak[0]})")
+    # The snapshot is published after the step whose responses went out: wait for the one showing none running.
+    s.wait_metric("infer:num_requests_running", lambda v: v == 0)
+    steps = s.metric("infer:engine_steps_total") - steps0
+    check(steps < 32, f"they ran batched together: 32 x 8 tokens in {steps:.0f} steps")
 
     # ---- errors: status and OpenAI body --------------------------------------------------------------
     st, _, b = s.request("POST", "/v1/completions", raw=b'{"prompt": "x", ', headers=AUTH)
@@ -241,29 +337,62 @@ with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--se
     check(st == 200 and {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize",
                          "/detokenize"} <= set(doc["paths"]), "openapi.json describes every endpoint")
 
-    # ---- SIGTERM drains: the running request finishes, new ones get 503, exit 0 --------------------------
+    # ---- SIGTERM drains: accepted work finishes, new requests get 503, exit 0 --------------------------
+    # The engine loop is held, so the accepted request cannot finish before the 503s are checked however
+    # fast the machine: it waits for its slot when SIGTERM arrives and must still be served in full.
     inflight = {}
 
     def long_request():
         inflight["r"] = s.stream("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True,
                                                      "stream": True}, AUTH, timeout=120)
+    check(s.hold(), "engine loop held for the drain")
     t = threading.Thread(target=long_request)
     t.start()
-    deadline = time.time() + 30
-    while s.metric("infer:num_requests_running") < 1 and time.time() < deadline:
-        time.sleep(0.02)
-    s.proc.send_signal(15)
-    time.sleep(0.3)
+    queued = s.wait_metric("infer:num_requests_waiting", lambda v: v == 1)
+    check(queued == 1, f"the request is accepted and waits on the held engine ({queued})")
+    s.proc.send_signal(signal.SIGTERM)
+    st, h, b = s.wait_health(503, "shutting_down")
+    check(st == 503 and error_shape_ok(b) and b["error"]["code"] == "shutting_down" and "retry-after" in h,
+          f"/health is 503 shutting_down while draining: {st} {b}")
     st, h, b = s.post("/v1/completions", {"prompt": "x", "max_tokens": 1}, AUTH)
     check_error(st, b, 503, "a new request while draining")
-    check("retry-after" in h, "503 while draining has Retry-After")
-    st, _, b = s.request("GET", "/health")
-    check(st == 503 and json.loads(b)["error"]["code"] == "shutting_down", "/health is 503 while draining")
+    check(st == 503 and error_shape_ok(b) and b["error"]["code"] == "shutting_down" and "retry-after" in h,
+          f"503 shutting_down with Retry-After while draining: {b} {h}")
+    check(t.is_alive() and s.proc.poll() is None, "the server waits for the accepted request")
+    check(s.release(), "engine loop released during the drain")
     t.join(timeout=120)
     r = inflight.get("r")
     check(r is not None and r[0] == 200 and r[2] and sum(len(e["choices"]) and 1 for e in r[1]) == 40,
-          f"the in-flight stream finished all 40 tokens during the drain: {r and (r[0], len(r[1]), r[2])}")
+          f"the accepted stream finished all 40 tokens during the drain: {r and (r[0], len(r[1]), r[2])}")
+    code = s.wait_exit(timeout=60)
+    check(code == 0, f"exit status 0 after the drain (got {code}): {s.output()[-500:]}")
+
+# ---- signals while loading, and a second one while draining ----------------------------------------------
+# SIGTERM as soon as the socket is open, the model still loading (or, on a machine that loads it at once,
+# already serving: then it drains): either way the server stops itself and exits 0, not killed by the signal.
+with Server(bin_dir, model, wait_ready=False) as s:
     code = s.terminate(timeout=60)
-    check(code == 0, f"exit status 0 after SIGTERM (got {code}): {s.output()[-500:]}")
+    check(code == 0 and "infer-serve: stopped" in s.output(), f"SIGTERM while loading: exit 0 (got {code}): {s.output()[-500:]}")
+
+# A second signal stops at once: the held engine keeps a request outstanding, and the drain timeout is far
+# beyond the wait for the exit, so only the second signal can end the process in time.
+with Server(bin_dir, model, "--enable-test-hooks", "--drain-timeout", "600") as s:
+    check(s.hold(), "engine loop held")
+    queued_request = {}
+    t = threading.Thread(target=lambda: queued_request.setdefault("r", s.post(
+        "/v1/completions", {"prompt": "x", "max_tokens": 1}, timeout=120)))
+    t.start()
+    check(s.wait_metric("infer:num_requests_waiting", lambda v: v == 1) == 1, "a request waits on the held engine")
+    s.proc.send_signal(signal.SIGTERM)
+    st, _, b = s.wait_health(503, "shutting_down")
+    check(st == 503 and error_shape_ok(b) and b["error"]["code"] == "shutting_down", f"draining: {st} {b}")
+    s.proc.send_signal(signal.SIGTERM)
+    code = s.wait_exit(timeout=60)
+    check(code == 0 and "aborting 1 requests" in s.output(),
+          f"a second SIGTERM stops at once with exit 0 (got {code}): {s.output()[-500:]}")
+    t.join(timeout=60)
+    st, _, b = queued_request.get("r", (None, None, None))
+    check(st == 503 and error_shape_ok(b) and b["error"]["code"] == "shutting_down",
+          f"the request still waiting is refused 503 shutting_down: {st} {b}")
 
 finish()

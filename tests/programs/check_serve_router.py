@@ -44,7 +44,8 @@ def completion(s, body):
     return st, h.get("x-infer-engine"), c
 
 
-with Server(bin_dir, model, "--router", config_path, "--max-model-len", "2048") as s:
+# --enable-test-hooks: the spill-over check holds both engine loops so the static engine is full however fast it runs.
+with Server(bin_dir, model, "--router", config_path, "--max-model-len", "2048", "--enable-test-hooks") as s:
     # ---- rules ---------------------------------------------------------------------------------------
     st, engine, short = completion(s, {"prompt": "The capital of France is", "max_tokens": 12})
     check(st == 200 and engine == "short", f"a short prompt goes to the static engine: {st} {engine}")
@@ -74,7 +75,10 @@ with Server(bin_dir, model, "--router", config_path, "--max-model-len", "2048") 
     check(fallbacks >= 1, f"the shape the static engine cannot run fell back to the paged one ({fallbacks})")
 
     # ---- a full static engine spills over --------------------------------------------------------------
+    # Both loops held, nothing is admitted or finishes while the 20 arrive: the static engine takes its 8
+    # slots + 2 waiting and refuses the rest, which the paged one queues. Released, all are served.
     before = s.metric("infer:router_fallbacks_total", route="short->long")
+    check(s.hold(), "both engine loops held")
     results = [None] * 20
 
     def one(i):
@@ -85,12 +89,15 @@ with Server(bin_dir, model, "--router", config_path, "--max-model-len", "2048") 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
     for t in threads:
         t.start()
+    queued = {e: s.wait_metric("infer:num_requests_waiting", lambda v: v == 10, engine=e) for e in ("short", "long")}
+    check(queued == {"short": 10, "long": 10}, f"10 queued on each held engine: {queued}")
+    check(s.release(), "both engine loops released")
     for t in threads:
         t.join(timeout=300)
     statuses = [r and r[0] for r in results]
     engines = Counter(r[1] for r in results if r and r[0] == 200)
     check(statuses == [200] * 20, f"20 concurrent short requests all served: {statuses}")
-    check(engines["short"] >= 8 and engines["long"] >= 1,
+    check(engines == {"short": 10, "long": 10},
           f"the static engine took what it could (8 slots + 2 waiting), the rest spilled to the paged one: {engines}")
     after = s.metric("infer:router_fallbacks_total", route="short->long")
     check(after - before == engines["long"], f"every spill-over counted as a fallback ({before} -> {after}, {engines})")

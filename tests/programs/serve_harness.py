@@ -80,6 +80,15 @@ class Server:
             self.kill()
             return None
 
+    def wait_exit(self, timeout=60):
+        """The exit status once the server exits by itself, no signal sent (after the SIGTERM a check sent
+        already: a second one would stop it at once); killed and None when it does not exit in time."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
     def kill(self):
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
@@ -147,6 +156,27 @@ class Server:
             return r.status, events, done
         finally:
             conn.close()
+
+    def wait_health(self, status, code=None, timeout=30):
+        """Polls /health (bounded) until it answers `status` (and, for an error, `code`); returns the last
+        (status, headers, body parsed as JSON)."""
+        deadline = time.time() + timeout
+        while True:
+            st, h, b = self.request("GET", "/health", timeout=30)
+            body = json.loads(b)
+            if (st == status and (code is None or body["error"]["code"] == code)) or time.time() > deadline:
+                return st, h, body
+            time.sleep(0.02)
+
+    # ---- test hooks (a server started with --enable-test-hooks) ---------------------------------------
+
+    def hold(self):
+        """Parks every engine loop: no admission, no step, no heartbeat, until release(). True once the
+        server has answered that every loop is parked."""
+        return self.request("POST", "/debug/hold", timeout=60)[0] == 200
+
+    def release(self):
+        return self.request("POST", "/debug/release", timeout=30)[0] == 200
 
     def metrics(self):
         status, _, data = self.request("GET", "/metrics", timeout=30)

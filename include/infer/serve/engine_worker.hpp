@@ -15,6 +15,11 @@
 ///
 /// Shutdown: `begin_drain()` refuses new submissions while running ones finish; `stop()` aborts what is
 /// left, runs the steps that return its blocks, and joins the thread (the engine dies on its own thread).
+///
+/// Tests: `hold()` parks the loop between two turns until `release()`, so a test can pin a state (work
+/// queued behind a stalled engine, a request cancelled before admission, a drain with work outstanding)
+/// that would otherwise last only as long as the machine is slow. The server offers it only with
+/// --enable-test-hooks.
 
 #include <algorithm>
 #include <atomic>
@@ -182,6 +187,40 @@ class EngineWorker {
     return draining_;
   }
 
+  // ---- test hook: holding the loop ------------------------------------------------------------------
+
+  /// The loop parks at the top of its next turn (after the step in progress, if any) and stays there:
+  /// no admission, no abort of cancelled requests, no step, no heartbeat. Submissions still queue, count
+  /// as waiting and outstanding, and are refused beyond max_waiting, so health() turns engine_stalled
+  /// after stall_timeout_s exactly as for a step that does not return. stop() ends a hold.
+  void hold() {
+    {
+      std::lock_guard lock(mu_);
+      hold_ = true;
+    }
+    cv_.notify_all();
+  }
+  /// Ends hold(): the loop takes what queued meanwhile at the turn it resumes with.
+  void release() {
+    {
+      std::lock_guard lock(mu_);
+      hold_ = false;
+    }
+    cv_.notify_all();
+  }
+  /// Waits until the loop is parked by hold(); false when it is not within `timeout` (hold() not called,
+  /// the model still loading, a step that has not returned, or the engine failed or stopped).
+  bool wait_held(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return held_ || !hold_ || state_ == State::failed || state_ == State::stopped; });
+    return held_;
+  }
+  /// Whether the loop is parked by hold() now.
+  [[nodiscard]] bool held() const {
+    std::lock_guard lock(mu_);
+    return held_;
+  }
+
   /// Aborts every request left, returns their blocks, and joins the engine thread.
   void stop() {
     {
@@ -292,8 +331,14 @@ class EngineWorker {
       bool stopping = false;
       {
         std::unique_lock lock(mu_);
-        if (!engine.has_unfinished() && pending_.empty() && !stop_)
-          cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return !pending_.empty() || stop_; });
+        if (!engine.has_unfinished() && pending_.empty() && !stop_ && !hold_)
+          cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return !pending_.empty() || stop_ || hold_; });
+        if (hold_ && !stop_) {
+          held_ = true;
+          cv_.notify_all();  // wait_held()
+          cv_.wait(lock, [&] { return !hold_ || stop_; });
+          held_ = false;
+        }
         incoming.swap(pending_);
         admitting_ = incoming.size();  // still counted as waiting by submit() until published below
         stopping = stop_;
@@ -391,6 +436,8 @@ class EngineWorker {
   std::string error_;
   bool draining_ = false;
   bool stop_ = false;
+  bool hold_ = false;  ///< hold() asked the loop to park
+  bool held_ = false;  ///< the loop is parked
   std::deque<Submission> pending_;
   std::size_t admitting_ = 0;  ///< taken from pending_ by the engine thread, not yet in the snapshot
   WorkerSnapshot snapshot_;

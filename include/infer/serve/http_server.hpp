@@ -16,8 +16,14 @@
 /// Every error body has OpenAI's shape (api_error.hpp), including the ones httplib produces itself
 /// (404 for an unknown route, 413 for an oversized body), which the error handler rewrites.
 /// Only /v1/* needs the API key, as in vLLM: probes and scrapers reach /health and /metrics without it.
+///
+/// With `test_hooks` (--enable-test-hooks, for tests only) two more routes hold and release every
+/// engine's loop (EngineWorker::hold): `POST /debug/hold` answers once every loop is parked, so a test
+/// waits for the state instead of sleeping; `POST /debug/release` lets them go on. They are not in
+/// /openapi.json and need no API key: a server that has them must not face the network.
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -44,6 +50,18 @@
 
 namespace infer::serve {
 
+namespace detail {
+/// httplib's server with a listen backlog fit for bursts. cpp-httplib 0.11 listens with a backlog of 5
+/// (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's library): when more connections than that arrived
+/// while the accept thread waited for a core, the kernel dropped their handshakes (TcpExtListenOverflows):
+/// clients waited for SYN-ACK retransmits (1 s, 3 s, ...) and some were reset. 32 streams opened at once
+/// on 2 cores hit it about one time in five. listen() on a listening socket changes only its backlog.
+class HttpServer : public httplib::Server {
+ public:
+  bool raise_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+};
+}  // namespace detail
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                           ///< 0: any free port (see OpenAIServer::port())
@@ -59,6 +77,7 @@ struct ServerOptions {
   int keep_alive_timeout_s = 5;
   std::chrono::milliseconds admission_timeout{30000};  ///< longest wait for the engine thread to admit
   std::chrono::milliseconds poll_interval{50};          ///< how often a waiting response checks its client
+  bool test_hooks = false;                   ///< POST /debug/hold and /debug/release (tests only)
 };
 
 class OpenAIServer {
@@ -78,13 +97,13 @@ class OpenAIServer {
   /// Binds the socket; false when the address is taken or invalid.
   bool bind() {
     if (o_.port == 0) {
-      const int p = svr_.bind_to_any_port(o_.host);
-      if (p <= 0) return false;
-      port_ = p;
-      return true;
+      port_ = svr_.bind_to_any_port(o_.host);
+      if (port_ <= 0) return false;
+    } else {
+      port_ = o_.port;
+      if (!svr_.bind_to_port(o_.host, o_.port)) return false;
     }
-    port_ = o_.port;
-    return svr_.bind_to_port(o_.host, o_.port);
+    return svr_.raise_backlog(SOMAXCONN);
   }
   [[nodiscard]] int port() const noexcept { return port_; }
   /// Serves until stop(); returns false when the listener failed.
@@ -460,6 +479,30 @@ class OpenAIServer {
     res.set_content(dump_body(json{{"prompt", tok.decode(r.tokens)}}), "application/json");
   }
 
+  /// POST /debug/hold: parks every engine's loop; 200 once all are parked (within admission_timeout,
+  /// the same bound as for the engine thread taking a request), else 503 with the hold still asked for.
+  void debug_hold(httplib::Response& res) {
+    json held = json::array();
+    for (auto* w : workers_) w->hold();
+    for (auto* w : workers_) {
+      if (!w->wait_held(o_.admission_timeout))
+        throw HttpError(ApiError::unavailable(infer::detail::cat("engine '", w->name(), "' did not park within ",
+                                                                 o_.admission_timeout.count(), " ms"),
+                                              "hold_timeout", 1));
+      held.push_back(w->name());
+    }
+    res.set_content(json{{"held", held}}.dump(), "application/json");
+  }
+
+  void debug_release(httplib::Response& res) {
+    json released = json::array();
+    for (auto* w : workers_) {
+      w->release();
+      released.push_back(w->name());
+    }
+    res.set_content(json{{"released", released}}.dump(), "application/json");
+  }
+
   static bool known_route(const std::string& path) {
     for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize",
                           "/detokenize", "/version", "/openapi.json"})
@@ -527,6 +570,10 @@ class OpenAIServer {
     svr_.Get("/openapi.json", guarded("/openapi.json", [this](auto&, auto& s) {
       s.set_content(openapi_document(INFER_VERSION, !o_.api_key.empty(), static_cast<std::int64_t>(o_.max_choices)).dump(), "application/json");
     }));
+    if (o_.test_hooks) {
+      svr_.Post("/debug/hold", guarded("/debug/hold", [this](auto&, auto& s) { debug_hold(s); }));
+      svr_.Post("/debug/release", guarded("/debug/release", [this](auto&, auto& s) { debug_release(s); }));
+    }
     // A known path with the wrong method: 405 naming the method to use.
     auto wrong_method = [](const char* allowed) {
       return [allowed](const httplib::Request& req, httplib::Response& res) {
@@ -551,7 +598,7 @@ class OpenAIServer {
   Router router_;
   std::vector<EngineWorker*> workers_;
   std::int64_t started_;
-  httplib::Server svr_;
+  detail::HttpServer svr_;
   int port_ = 0;
   mutable std::mutex template_mu_;
   mutable std::optional<ChatTemplate> template_;

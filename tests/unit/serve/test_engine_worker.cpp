@@ -1,7 +1,9 @@
 // The engine thread with the real default model: requests stream their tokens, cancelled ones are
 // aborted and return every KV block, a full waiting queue refuses with 503, bad requests are rejected
 // before they take a block, stop() ends everything; and, with a scripted engine, a step that does not
-// return makes the worker unhealthy.
+// return makes the worker unhealthy, as does a loop parked by hold(). Where a check needs the engine
+// thread not to move on (a request still queued, a slot still taken), the test holds the loop instead of
+// betting on how fast the machine is.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -60,6 +62,25 @@ void require_all_blocks_back(EngineWorker& w) {
   CHECK(s.kv.live_sequences == 0);
   CHECK(s.live == 0);
   CHECK(w.outstanding() == 0);
+}
+
+/// Keeps a worker's loop asked to hold for a scope, and releases it however the scope ends, so a failed
+/// check does not leave the shared worker parked for the sections after it. Pair with wait_held().
+class HoldGuard {
+ public:
+  explicit HoldGuard(EngineWorker& w) : w_(w) { w_.hold(); }
+  ~HoldGuard() { w_.release(); }
+  HoldGuard(const HoldGuard&) = delete;
+  HoldGuard& operator=(const HoldGuard&) = delete;
+
+ private:
+  EngineWorker& w_;
+};
+
+/// Returns once the loop has finished the turn it is in, snapshot published: it parks only between turns.
+void wait_turn(EngineWorker& w) {
+  HoldGuard hold(w);
+  REQUIRE(w.wait_held(30s));
 }
 
 std::unique_ptr<EngineWorker> smollm_worker(WorkerOptions wo = {}, std::int32_t max_num_seqs = 256) {
@@ -128,12 +149,31 @@ TEST_CASE("worker: streamed tokens equal the engine's own greedy output, cancel 
     CHECK(w->metrics().finished.get("abort") == aborted + 1);
   }
   SECTION("a request cancelled before admission never runs") {
-    auto a = w->submit(prompt, greedy(4));
-    a->cancel();
-    const auto st = a->wait_admission(30s);
-    if (st == RequestStream::State::admitted) drain(*a, 30s);  // admitted first: aborted at the next turn
-    else CHECK(st == RequestStream::State::rejected);
-    require_all_blocks_back(*w);
+    const WorkerSnapshot before = w->snapshot();
+    const auto cancelled = w->metrics().rejected.get("cancelled");
+    const auto finished = w->metrics().finished.snapshot();
+    std::shared_ptr<RequestStream> a;
+    {
+      HoldGuard hold(*w);  // the engine thread cannot take the request before the client cancels it
+      REQUIRE(w->wait_held(30s));
+      a = w->submit(prompt, greedy(4));
+      a->cancel();
+      CHECK(a->state() == RequestStream::State::queued);
+      CHECK(w->snapshot().waiting == 1);
+    }
+    REQUIRE(a->wait_admission(30s) == RequestStream::State::rejected);
+    CHECK_THAT(a->rejection().message, Catch::Contains("cancelled"));
+    std::vector<StreamEvent> evs;
+    CHECK_FALSE(a->wait_events(0ms, evs));  // not one event: no token, no finish
+    CHECK(w->metrics().rejected.get("cancelled") == cancelled + 1);
+    CHECK(w->metrics().finished.snapshot() == finished);  // not counted as aborted: it never started
+    wait_turn(*w);  // the turn that rejected it has published its snapshot
+    const WorkerSnapshot after = w->snapshot();
+    CHECK(after.stats.requests_added == before.stats.requests_added);  // the engine never saw it
+    CHECK(after.stats.computed_tokens == before.stats.computed_tokens);
+    CHECK(after.kv.prefix_queried_tokens == before.kv.prefix_queried_tokens);  // no block was looked up
+    CHECK(after.kv.used_blocks == 0);
+    CHECK(w->outstanding() == 0);
   }
   SECTION("a request the engine refuses is rejected with a 400 before it takes a block") {
     auto bad = w->submit(prompt, greedy(2000));  // beyond max_model_len 1024
@@ -174,6 +214,9 @@ TEST_CASE("worker: a full waiting queue refuses with queue_full, and the refused
   REQUIRE(running->wait_admission(30s) == RequestStream::State::admitted);
   std::vector<StreamEvent> evs;
   while (evs.empty()) running->wait_events(100ms, evs);  // it holds the only slot
+  // Parked, the loop has published that and can neither finish it nor admit the two below.
+  HoldGuard hold(*w);
+  REQUIRE(w->wait_held(30s));
   auto q1 = w->submit(prompt, greedy(2));
   auto q2 = w->submit(prompt, greedy(2));
   try {
@@ -186,6 +229,7 @@ TEST_CASE("worker: a full waiting queue refuses with queue_full, and the refused
   }
   CHECK(w->full());
   CHECK(w->metrics().rejected.get("queue_full") == 1);
+  w->release();
   running->cancel();
   drain(*running, 30s);
   drain(*q1);
@@ -222,7 +266,7 @@ class BlockingEngine final : public EngineHandle {
   }
   void abort(RequestId) override { busy_ = false; }
   std::vector<RequestOutput> step() override {
-    while (!release.load()) std::this_thread::sleep_for(5ms);
+    release.wait(false);
     busy_ = false;
     RequestOutput o;
     o.finished = true;
@@ -250,7 +294,7 @@ TEST_CASE("worker: health is 503 while loading, and when work waits on a step th
   wo.stall_timeout_s = 0.3;
   EngineWorker w(
       [&]() -> std::unique_ptr<EngineHandle> {
-        while (!may_load.load()) std::this_thread::sleep_for(5ms);
+        may_load.wait(false);
         auto e = std::make_unique<BlockingEngine>();
         engine = e.get();
         return e;
@@ -260,9 +304,18 @@ TEST_CASE("worker: health is 503 while loading, and when work waits on a step th
   CHECK(w.health().code == "loading");
   CHECK_THROWS_AS(w.submit({1}, SamplingParams{}), ServiceError);
   may_load = true;
+  may_load.notify_all();
   REQUIRE(w.wait_loaded(10s));
-  std::this_thread::sleep_for(500ms);
-  CHECK(w.health().ok);  // idle for longer than the stall timeout is fine: nothing is waiting
+  {
+    // No turn for longer than the stall timeout is fine while nothing is waiting.
+    HoldGuard hold(w);
+    REQUIRE(w.wait_held(10s));
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (w.snapshot().seconds_since_progress <= wo.stall_timeout_s && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(20ms);
+    REQUIRE(w.snapshot().seconds_since_progress > wo.stall_timeout_s);
+    CHECK(w.health().ok);
+  }
 
   auto s = w.submit({1}, SamplingParams{});
   REQUIRE(s->wait_admission(5s) == RequestStream::State::admitted);
@@ -275,8 +328,58 @@ TEST_CASE("worker: health is 503 while loading, and when work waits on a step th
   CHECK(h.code == "engine_stalled");
   CHECK_THAT(h.message, Catch::Contains("no progress"));
   engine->release = true;
+  engine->release.notify_all();
   drain(*s, 10s);
   CHECK(w.health().ok);
+}
+
+TEST_CASE("worker: hold() parks the loop: work queues, health turns stalled, release() serves it", "[serve][worker]") {
+  WorkerOptions wo;
+  wo.stall_timeout_s = 0.2;
+  EngineWorker w(
+      [] {
+        auto e = std::make_unique<BlockingEngine>();
+        e->release = true;  // every step returns at once: only the hold stops the loop
+        return e;
+      },
+      wo);
+  w.start();
+  REQUIRE(w.wait_loaded(10s));
+  CHECK_FALSE(w.held());
+  CHECK_FALSE(w.wait_held(0ms));  // nothing asked it to hold
+
+  w.hold();
+  REQUIRE(w.wait_held(10s));
+  CHECK(w.held());
+  auto s = w.submit({1}, SamplingParams{});
+  CHECK(w.outstanding() == 1);
+  CHECK(w.snapshot().waiting == 1);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  Health h = w.health();
+  while (h.ok && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+    h = w.health();
+  }
+  CHECK(h.code == "engine_stalled");
+  CHECK(s->state() == RequestStream::State::queued);  // parked: not admitted however long it waited
+
+  w.release();
+  const auto st = s->wait_admission(10s);  // admitted, and maybe finished already: one step serves it
+  REQUIRE((st == RequestStream::State::admitted || st == RequestStream::State::finished));
+  auto [ids, reason] = drain(*s, 10s);
+  CHECK(reason == FinishReason::stop);
+  CHECK(w.health().ok);
+  CHECK_FALSE(w.held());
+
+  // stop() ends a hold: what queued behind it is refused as the server shuts down.
+  w.hold();
+  REQUIRE(w.wait_held(10s));
+  auto t = w.submit({1}, SamplingParams{});
+  w.stop();
+  CHECK(t->state() == RequestStream::State::rejected);
+  CHECK(t->rejection().status == 503);
+  CHECK_FALSE(w.held());
+  CHECK(w.outstanding() == 0);
 }
 
 TEST_CASE("worker: an engine that cannot load fails, and says why", "[serve][worker]") {
