@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   infer::EngineOptions eo;
   app.add_option("--model,-m", model, "a .gguf file or a Hugging Face model folder")->required();
   app.add_option("--system", system, "a system message opening the conversation");
-  app.add_option("--chat-template", chat_template, "built-in template instead of the model's: chatml, llama3, mistral");
+  app.add_option("--chat-template", chat_template, "built-in template instead of the model's: chatml, llama3, llama3.1, mistral");
   app.add_option("--temperature", sp.temperature);
   app.add_option("--top-p", sp.top_p);
   app.add_option("--max-tokens", sp.max_tokens, "reply length at most");

@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-num-seqs", llm.engine_options.scheduler.max_num_seqs, "sequences per step at most");
   app.add_option("--max-num-batched-tokens", llm.engine_options.scheduler.max_num_batched_tokens, "tokens per step at most");
   app.add_flag("--no-prefix-caching", no_prefix_caching, "do not reuse KV blocks of identical prompt prefixes");
-  app.add_option("--chat-template", so.chat_template, "built-in template to use instead of the model's (chatml, llama3, mistral)");
+  app.add_option("--chat-template", so.chat_template, "built-in template to use instead of the model's (chatml, llama3, llama3.1, mistral)");
   app.add_option("--host", so.host, "address to listen on")->capture_default_str();
   app.add_option("--port", so.port, "port to listen on (0: any free port, printed at start)")->capture_default_str();
   app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' on /v1/* (also $INFER_API_KEY)")

@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   text->excludes(file)->excludes(decode);
   file->excludes(decode);
   app.add_flag("--chat", o.chat, "tokenize the text as a user turn of the model's chat template");
-  app.add_option("--chat-template", o.chat_template, "a built-in template instead of the model's: chatml, llama3, mistral");
+  app.add_option("--chat-template", o.chat_template, "a built-in template instead of the model's: chatml, llama3, llama3.1, mistral");
   app.add_flag("--no-special", o.no_special, "tokenize special-token text (e.g. <|im_start|>) as plain text");
   app.add_flag("--add-bos,!--no-bos", o.add_bos, "add (or not) the BOS token; default: the model's setting");
   app.add_flag("--json", o.json, "print one JSON document");

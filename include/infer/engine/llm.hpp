@@ -48,7 +48,7 @@ struct LlmOptions {
   std::string engine = "paged";    ///< "paged" (PagedEngine) or "static" (StaticEngine, default_static_shape)
   std::int32_t block_size = 16;    ///< paged engine: 8, 16 or 32
   EngineOptions engine_options;
-  std::string chat_template;       ///< a built-in template (chatml, llama3, mistral) instead of the model's
+  std::string chat_template;       ///< a built-in template (chatml, llama3, llama3.1, mistral) instead of the model's
   bool progress = true;            ///< draw a progress bar when stderr is a terminal
   bool summary = true;             ///< print the run's summary to stderr at the end
 };
