@@ -130,8 +130,8 @@ class Engine {
         source_(std::make_unique<ModelSource>(std::move(source))),
         model_(model_type::load(*source_)),
         max_model_len_(resolve_max_len(model_.config(), options_)),
-        alloc_(engine_detail::make_allocator<A>(options_, model_.kv_bytes_per_token(), max_model_len_, kv_budget())),
         scheduler_(engine_detail::make_scheduler<S>(options_)),
+        alloc_(engine_detail::make_allocator<A>(options_, model_.kv_bytes_per_token(), max_model_len_, kv_budget())),
         cache_(static_cast<std::int32_t>(model_.config().num_layers), alloc_.num_blocks(), alloc_.block_size(),
                static_cast<std::int32_t>(model_.config().num_kv_heads), static_cast<std::int32_t>(model_.config().head_dim)),
         sampler_(std::nullopt) {
@@ -384,10 +384,19 @@ class Engine {
     std::int32_t unfinished = 0;
   };
 
+  /// The largest step the scheduler plans (`S::bounds<A>()`); a scheduler that does not say is taken to
+  /// keep to the options' token budget and sequence limit.
+  [[nodiscard]] StepBounds step_bounds() const {
+    if constexpr (requires { { scheduler_.template bounds<A>() } -> std::same_as<StepBounds>; })
+      return scheduler_.template bounds<A>();
+    else
+      return {options_.scheduler.max_num_batched_tokens, options_.scheduler.max_num_seqs};
+  }
+
   /// The KV budget when options give none. A GPU model first reserves the activations of the largest
   /// step, then says what gpu_memory_utilization leaves; the CPU takes a fixed default.
   std::size_t kv_budget() {
-    if constexpr (requires { model_.reserve(options_, max_model_len_); }) model_.reserve(options_, max_model_len_);
+    if constexpr (requires { model_.reserve(step_bounds()); }) model_.reserve(step_bounds());
     if constexpr (requires { model_.default_kv_cache_bytes(options_); }) return model_.default_kv_cache_bytes(options_);
     else return EngineOptions::default_paged_kv_bytes;
   }
@@ -577,8 +586,8 @@ class Engine {
   std::unique_ptr<ModelSource> source_;
   model_type model_;
   std::int32_t max_model_len_;
+  S scheduler_;  ///< before alloc_: its step bounds size the model's buffers, and what is left goes to the KV pool
   A alloc_;
-  S scheduler_;
   KvCache<B> cache_;
   Sampler sampler_;
   std::optional<std::int32_t> eos_id_;

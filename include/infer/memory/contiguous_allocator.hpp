@@ -6,10 +6,13 @@
 /// step's CUDA graph is captured. The price is memory: a slot is reserved for the longest possible
 /// sequence, and the waste is what stats() reports.
 ///
-/// In the BlockAllocator contract a slot is one block: block_size() is the slot capacity, num_blocks()
-/// the slot count, and a sequence's block table is {slot}. The storage layout is the same as the paged
-/// engine's ([slots][capacity][kv_heads][head_dim] per layer), so a fork's slot copy is one block copy.
-/// There is no prefix cache: allocate always returns 0 cached tokens.
+/// In the BlockAllocator contract a slot is `blocks_per_slot` consecutive blocks of kBlockSize tokens:
+/// slot s holds blocks [s·blocks_per_slot, (s+1)·blocks_per_slot), and a sequence's block table is that
+/// range. The storage is the paged engine's ([blocks][block_size][kv_heads][head_dim] per layer), so a
+/// slot is contiguous rows (FusedContiguousAttention addresses it by a multiply) and at the same time a
+/// block table the paged GPU kernels read as they are: one set of kernels serves both engines. A fork's
+/// slot copy is one block copy per block the parent has written. There is no prefix cache: allocate
+/// always returns 0 cached tokens.
 
 #include <array>
 #include <cstddef>
@@ -43,17 +46,21 @@ class ContiguousAllocator {
  public:
   static constexpr Shape shape = S;
   static constexpr KvLayout layout = KvLayout::contiguous;
-  /// Tokens per slot.
+  /// Tokens a sequence may hold: max_input + max_output.
   static constexpr auto capacity = static_cast<std::int32_t>(S.capacity());
+  /// Tokens per block: the paged engine's default, which the GPU attention kernels are built for.
+  static constexpr std::int32_t kBlockSize = 16;
+  static constexpr std::int32_t blocks_per_slot = (capacity + kBlockSize - 1) / kBlockSize;
 
-  ContiguousAllocator() noexcept {
-    for (std::size_t i = 0; i < kSlots; ++i) slot_ids_[i] = static_cast<std::int32_t>(i);
+  ContiguousAllocator() : block_ids_(kSlots * blocks_per_slot) {
+    for (std::size_t i = 0; i < block_ids_.size(); ++i) block_ids_[i] = static_cast<std::int32_t>(i);
   }
 
-  /// Bytes of KV storage the engine must allocate: every slot at full capacity, when one token's K and
-  /// V over all layers take `kv_bytes_per_token`. InvalidArgument if that overflows size_t.
+  /// Bytes of KV storage the engine must allocate: every slot at full capacity (rounded up to whole
+  /// blocks), when one token's K and V over all layers take `kv_bytes_per_token`. InvalidArgument if
+  /// that overflows size_t.
   [[nodiscard]] static std::size_t required_bytes(std::size_t kv_bytes_per_token) {
-    const std::size_t tokens = kSlots * static_cast<std::size_t>(capacity);
+    const std::size_t tokens = kSlots * static_cast<std::size_t>(blocks_per_slot) * kBlockSize;
     if (tokens != 0 && kv_bytes_per_token > std::numeric_limits<std::size_t>::max() / tokens) {
       throw InvalidArgument(detail::cat("ContiguousAllocator::required_bytes: ", tokens, " tokens of ",
                                         kv_bytes_per_token, " bytes overflow size_t; shrink the Shape"));
@@ -61,9 +68,10 @@ class ContiguousAllocator {
     return tokens * kv_bytes_per_token;
   }
 
-  [[nodiscard]] std::int32_t block_size() const noexcept { return capacity; }
-  [[nodiscard]] std::int32_t num_blocks() const noexcept { return S.max_batch; }
-  [[nodiscard]] std::int32_t num_free_blocks() const noexcept { return S.max_batch - used_count_; }
+  [[nodiscard]] std::int32_t block_size() const noexcept { return kBlockSize; }
+  [[nodiscard]] std::int32_t num_blocks() const noexcept { return S.max_batch * blocks_per_slot; }
+  /// Blocks of free slots (a slot is taken whole).
+  [[nodiscard]] std::int32_t num_free_blocks() const noexcept { return (S.max_batch - used_count_) * blocks_per_slot; }
   [[nodiscard]] bool can_ever_fit(std::int32_t n) const noexcept { return n <= capacity; }
 
   /// Gives seq the lowest free slot; nullopt (nothing changed) when every slot is taken. Never finds
@@ -129,7 +137,9 @@ class ContiguousAllocator {
                                         "; all ", S.max_batch, " slots (Shape::max_batch) are in use"));
     }
     occupy(*to, child.id, held_[from]);
-    copies_.push_back(BlockCopy{static_cast<std::int32_t>(from), static_cast<std::int32_t>(*to)});
+    const auto first = [](std::size_t slot) { return static_cast<std::int32_t>(slot) * blocks_per_slot; };
+    for (std::int32_t b = 0; b < (held_[from] + kBlockSize - 1) / kBlockSize; ++b)
+      copies_.push_back(BlockCopy{first(from) + b, first(*to) + b});
   }
 
   /// No prefix cache: nothing to register.
@@ -145,19 +155,20 @@ class ContiguousAllocator {
     --used_count_;
   }
 
-  /// {slot} for a sequence that holds one, else empty.
+  /// The slot's blocks (consecutive ids) for a sequence that holds one, else empty.
   [[nodiscard]] std::span<const std::int32_t> block_table(const Sequence& seq) const noexcept {
     const auto slot = slot_of(seq.id);
     if (!slot) return {};
-    return std::span<const std::int32_t>(&slot_ids_[*slot], 1);
+    return std::span<const std::int32_t>(block_ids_).subspan(*slot * static_cast<std::size_t>(blocks_per_slot),
+                                                            static_cast<std::size_t>(blocks_per_slot));
   }
 
   [[nodiscard]] KvStats stats() const noexcept {
     KvStats s;
-    s.block_size = capacity;
-    s.total_blocks = S.max_batch;
+    s.block_size = kBlockSize;
+    s.total_blocks = num_blocks();
     s.free_blocks = num_free_blocks();
-    s.used_blocks = used_count_;
+    s.used_blocks = used_count_ * blocks_per_slot;
     s.tokens_stored = tokens_stored_;
     s.live_sequences = used_count_;
     return s;
@@ -193,7 +204,7 @@ class ContiguousAllocator {
     ++used_count_;
   }
 
-  std::array<std::int32_t, kSlots> slot_ids_{};  ///< slot_ids_[i] == i: the storage block_table() points into
+  std::vector<std::int32_t> block_ids_;  ///< block_ids_[i] == i: what block_table() views
   std::array<SeqId, kSlots> owner_{};
   std::array<bool, kSlots> used_{};
   std::array<std::int32_t, kSlots> held_{};

@@ -20,7 +20,7 @@ namespace infer {
 /// Returns the step's total number of tokens. InvalidArgument naming the chunk and what is wrong;
 /// UnsupportedError past a sliding window (not implemented). `Cache` is any KvCache<B>.
 template <class Cache>
-std::int64_t validate_step(const ModelConfig& config, KvLayout layout, std::span<const ForwardChunk> chunks,
+std::int64_t validate_step(const ModelConfig& config, std::span<const ForwardChunk> chunks,
                            const Cache& cache) {
   using detail::cat;
   require<InvalidArgument>(cache.num_layers() == config.num_layers && cache.kv_heads() == config.num_kv_heads &&
@@ -46,9 +46,9 @@ std::int64_t validate_step(const ModelConfig& config, KvLayout layout, std::span
       throw UnsupportedError(cat("LlamaModel::forward: chunk ", ci, " reaches position ", end,
                                  ", beyond the model's sliding window of ", *config.sliding_window,
                                  " tokens; sliding-window attention is not implemented yet"));
-    // Blocks the chunk's positions touch: paged, one table entry per block_size tokens; contiguous,
-    // one slot ({slot}) of block_size tokens.
-    const std::int64_t needed = layout == KvLayout::paged ? (end + bs - 1) / bs : 1;
+    // Blocks the chunk's positions touch, one table entry per block_size tokens (a contiguous slot is
+    // consecutive blocks: the same count).
+    const std::int64_t needed = (end + bs - 1) / bs;
     if (static_cast<std::int64_t>(c.block_table.size()) * bs < end || std::ssize(c.block_table) < needed)
       throw InvalidArgument(cat("LlamaModel::forward: chunk ", ci, " reaches position ", end, " but its block table ",
                                 "holds ", c.block_table.size(), " blocks of ", bs, " tokens"));

@@ -73,7 +73,7 @@ class LlamaModel<cpu, Q, Attn> {
   /// holds a token outside the vocabulary, or reaches past its block table or the cache; a cache
   /// built for another shape; UnsupportedError past Mistral's sliding window (not implemented).
   void forward(std::span<const ForwardChunk> chunks, KvCache<cpu>& cache, std::vector<float>& logits) {
-    const std::int64_t T = validate_step(config_, Attn::layout, chunks, cache);
+    const std::int64_t T = validate_step(config_, chunks, cache);
     const std::int64_t H = config_.hidden_size, qs = config_.q_size(), kvs = config_.kv_size();
     const std::int64_t inter = config_.intermediate_size, V = config_.vocab_size;
     grow(T);

@@ -42,6 +42,7 @@
 #include "infer/core/backend.hpp"
 #include "infer/core/error.hpp"
 #include "infer/engine/engine_options.hpp"
+#include "infer/sched/step_plan.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
 #include "infer/kernels/cuda/ops.hpp"
 #include "infer/kernels/cuda/sampling.hpp"
@@ -102,11 +103,10 @@ class LlamaModel<cuda, Q, Attn> {
     return KvCache<cuda>::bytes_per_token(config_.num_layers, config_.num_kv_heads, config_.head_dim);
   }
 
-  /// Allocates the activations of the largest step the options allow (max_num_batched_tokens rows,
-  /// max_num_seqs sequences), before the KV pool takes what is left: vLLM's order.
-  void reserve(const EngineOptions& o, std::int32_t /*max_model_len*/) {
-    grow(o.scheduler.max_num_batched_tokens, o.scheduler.max_num_seqs, 1);
-  }
+  /// Allocates the activations of the largest step the scheduler plans (its StepBounds: tokens and
+  /// sequences), before the KV pool takes what is left: vLLM's order. A step within the bounds never
+  /// regrows them, so the graphs captured in prepare() stay valid.
+  void reserve(const StepBounds& bounds) { grow(bounds.max_tokens, bounds.max_sequences, 1); }
 
   /// The KV budget when none is given: gpu_memory_utilization of the device minus what is in use now
   /// (weights, activations, workspaces), as vLLM sizes its pool.
@@ -454,7 +454,7 @@ class LlamaModel<cuda, Q, Attn> {
 
   /// Validates, packs the metadata, runs the step (graph or eager); returns the number of logits rows.
   std::int32_t run(std::span<const ForwardChunk> chunks, KvCache<cuda>& cache) {
-    const std::int64_t total = validate_step(config_, Attn::layout, chunks, cache);
+    const std::int64_t total = validate_step(config_, chunks, cache);
     if (chunks.empty()) return 0;
     const auto bs = cache.block_size();
     StepShape sh;

@@ -135,6 +135,11 @@ class ContinuousBatchScheduler {
   }
 
   [[nodiscard]] const SchedulerConfig& config() const noexcept { return config_; }
+  /// The token budget and the sequence limit of the configuration: no step plans more.
+  template <class A>
+  [[nodiscard]] StepBounds bounds() const noexcept {
+    return {config_.max_num_batched_tokens, config_.max_num_seqs};
+  }
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
   [[nodiscard]] std::size_t num_waiting() const noexcept { return resumed_.size() + waiting_.size(); }
   [[nodiscard]] std::size_t num_running() const noexcept { return running_.size(); }

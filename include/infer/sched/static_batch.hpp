@@ -55,6 +55,15 @@ class StaticBatchScheduler {
   [[nodiscard]] std::size_t num_waiting() const noexcept { return waiting_.size(); }
   [[nodiscard]] std::size_t num_running() const noexcept { return running_.size(); }
 
+  /// The largest step: every slot prefilling a whole prompt of max_input tokens at once (a refill
+  /// prefills whole; the other slots then decode one token each, fewer in all).
+  template <class A>
+    requires FixedShapeAllocator<A>
+  [[nodiscard]] StepBounds bounds() const noexcept {
+    check_shape<A>();
+    return {MaxBatch * static_cast<std::int32_t>(A::shape.max_input), MaxBatch};
+  }
+
   /// Throws InvalidArgument when `seq` exceeds the engine's build-time shape.
   template <class A>
     requires FixedShapeAllocator<A>
@@ -82,7 +91,7 @@ class StaticBatchScheduler {
     }
     if (!alloc.can_ever_fit(seq.max_len)) {  // the shape says yes; a custom allocator may still say no
       throw InvalidArgument(detail::cat("sequence ", seq.id, " may grow to ", seq.max_len,
-                                        " tokens but a slot of this engine holds ", alloc.block_size(),
+                                        " tokens but a slot of this engine holds ", shape.max_input + shape.max_output,
                                         " (build a StaticEngine with a larger Shape or use the paged engine)"));
     }
   }
@@ -116,7 +125,7 @@ class StaticBatchScheduler {
       if (count <= 0) continue;  // no token appended since its last step
       if (!alloc.grow(*seq, seq->len())) {
         throw InvalidArgument(detail::cat("sequence ", seq->id, " could not grow to ", seq->len(),
-                                          " tokens inside its reserved slot of ", alloc.block_size(),
+                                          " tokens inside its reserved slot of ", A::shape.max_input + A::shape.max_output,
                                           "; StaticBatchScheduler needs an allocator that reserves a whole slot "
                                           "(max_input + max_output) at admission"));
       }

@@ -29,6 +29,13 @@ struct BlockCopy {
   friend bool operator==(const BlockCopy&, const BlockCopy&) = default;
 };
 
+/// The largest step a scheduler will ever plan: what the model sizes its step buffers for, and the batch
+/// sizes its CUDA graphs are captured up to, once, before the KV pool takes the rest of the memory.
+struct StepBounds {
+  std::int32_t max_tokens = 0;     ///< tokens computed in one step, over all sequences
+  std::int32_t max_sequences = 0;  ///< sequences in one step (the decode batch)
+};
+
 struct StepPlan {
   std::vector<ScheduledChunk> chunks;  ///< batch order: decodes first, then prefill chunks
   std::vector<Sequence*> preempted;    ///< sent back to waiting in this step; their blocks are freed

@@ -190,4 +190,12 @@ TEST_CASE("attention rejects inconsistent shapes and positions beyond the table"
                   InvalidArgument);
   const std::vector<std::int32_t> none;
   CHECK_THROWS_AS(FusedContiguousAttention<>::make_view<float>(k.data(), v.data(), none, 8, 2, 8), InvalidArgument);
+  // A slot of two blocks of 4: blocks {4, 5} are slot 2, rows 16..23; a table off a slot boundary is refused.
+  const std::vector<std::int32_t> two = {4, 5}, off = {3, 4};
+  const auto cv2 = FusedContiguousAttention<>::make_view<float>(k.data(), v.data(), two, 4, 2, 8);
+  CHECK(cv2.slot == 2);
+  CHECK(cv2.capacity == 8);
+  CHECK(cv2.k_at(0, 0) == k.data() + 16 * 2 * 8);
+  CHECK_THROWS_WITH(FusedContiguousAttention<>::make_view<float>(k.data(), v.data(), off, 4, 2, 8),
+                    Catch::Contains("not at a slot of 2 blocks"));
 }

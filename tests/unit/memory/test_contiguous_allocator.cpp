@@ -12,7 +12,8 @@ using namespace infer;
 
 namespace {
 
-using Small = ContiguousAllocator<Shape{.max_batch = 2, .max_input = 8, .max_output = 4}>;
+using Small = ContiguousAllocator<Shape{.max_batch = 2, .max_input = 8, .max_output = 4}>;  // one block a slot
+using Wide = ContiguousAllocator<Shape{.max_batch = 3, .max_input = 20, .max_output = 20}>;  // three blocks a slot
 
 Sequence make_seq(SeqId id, std::int32_t len, std::int32_t prompt_len = -1) {
   Sequence s;
@@ -24,7 +25,8 @@ Sequence make_seq(SeqId id, std::int32_t len, std::int32_t prompt_len = -1) {
   return s;
 }
 
-std::vector<std::int32_t> table(const Small& a, const Sequence& s) {
+template <class A>
+std::vector<std::int32_t> table(const A& a, const Sequence& s) {
   const auto t = a.block_table(s);
   return {t.begin(), t.end()};
 }
@@ -35,11 +37,13 @@ static_assert(BlockAllocator<Small>);
 static_assert(Small::layout == KvLayout::contiguous);
 static_assert(Small::shape == Shape{.max_batch = 2, .max_input = 8, .max_output = 4});
 static_assert(Small::capacity == 12);
+static_assert(Small::blocks_per_slot == 1);
+static_assert(Wide::blocks_per_slot == 3);  // 40 tokens in blocks of 16
 static_assert(BlockAllocator<ContiguousAllocator<Shape{.max_batch = 8, .max_input = 1024, .max_output = 512}>>);
 
 TEST_CASE("contiguous allocator: one slot per sequence, max_batch slots", "[memory][contiguous]") {
   Small a;
-  CHECK(a.block_size() == 12);
+  CHECK(a.block_size() == 16);
   CHECK(a.num_blocks() == 2);
   CHECK(a.num_free_blocks() == 2);
   auto s0 = make_seq(10, 5);
@@ -125,14 +129,14 @@ TEST_CASE("contiguous allocator: stats report slots, tokens and waste", "[memory
   a.commit(s0, s0.num_computed);  // no-op
   REQUIRE(a.grow(s1, 4));
   auto st = a.stats();
-  CHECK(st.block_size == 12);
+  CHECK(st.block_size == 16);
   CHECK(st.total_blocks == 2);
   CHECK(st.used_blocks == 2);
   CHECK(st.free_blocks == 0);
   CHECK(st.cached_blocks == 0);
   CHECK(st.live_sequences == 2);
   CHECK(st.tokens_stored == 5 + 4);
-  CHECK(st.wasted_slots() == 24 - 9);
+  CHECK(st.wasted_slots() == 32 - 9);  // two slots of one 16-token block
   CHECK(st.prefix_queried_tokens == 0);
   a.free(s0);
   a.free(s1);
@@ -142,8 +146,35 @@ TEST_CASE("contiguous allocator: stats report slots, tokens and waste", "[memory
   CHECK(st.wasted_slots() == 0);
 }
 
+TEST_CASE("contiguous allocator: a slot is consecutive blocks, the table the paged kernels read",
+          "[memory][contiguous]") {
+  Wide a;
+  CHECK(a.block_size() == 16);
+  CHECK(a.num_blocks() == 9);
+  auto s0 = make_seq(1, 17, 17), s1 = make_seq(2, 5, 5);
+  s0.max_len = s1.max_len = 40;
+  REQUIRE(a.allocate(s0));
+  REQUIRE(a.allocate(s1));
+  CHECK(table(a, s0) == std::vector<std::int32_t>{0, 1, 2});
+  CHECK(table(a, s1) == std::vector<std::int32_t>{3, 4, 5});
+  CHECK(a.num_free_blocks() == 3);
+  auto st = a.stats();
+  CHECK(st.used_blocks == 6);
+  CHECK(st.free_blocks == 3);
+  CHECK(st.live_sequences == 2);
+  // A fork copies the blocks the parent has written (17 tokens: two), nothing past them.
+  auto child = make_seq(3, 17, 17);
+  a.fork(s0, child);
+  CHECK(table(a, child) == std::vector<std::int32_t>{6, 7, 8});
+  CHECK(a.take_copies() == std::vector<BlockCopy>{{0, 6}, {1, 7}});
+  CHECK(a.num_free_blocks() == 0);
+  a.free(s1);
+  CHECK(a.num_free_blocks() == 3);
+}
+
 TEST_CASE("contiguous allocator: required bytes cover every slot at full capacity", "[memory][contiguous]") {
-  CHECK(Small::required_bytes(100) == 2u * 12u * 100u);
+  CHECK(Small::required_bytes(100) == 2u * 16u * 100u);  // capacity 12, rounded up to a block
+  CHECK(Wide::required_bytes(10) == 3u * 48u * 10u);
   CHECK(Small::required_bytes(0) == 0u);
   CHECK_THROWS_WITH(Small::required_bytes(SIZE_MAX / 8), Catch::Contains("overflow"));
 }

@@ -13,6 +13,7 @@
 #include "infer/engine/presets.hpp"
 #include "infer/model/dummy.hpp"
 #include "support/dummy_shapes.hpp"
+#include "support/greedy_workload.hpp"
 #include "support/rounding_noise.hpp"
 #include "support/test_seed.hpp"
 #include "unit/engine/engine_test_support.hpp"
@@ -22,14 +23,7 @@ using namespace infer::test;
 
 namespace {
 
-using Tokens = std::vector<std::int32_t>;
 using EmulatedEngine = Engine<cpu, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, Bf16Stages>;
-
-Tokens random_tokens(std::size_t n, std::int64_t vocab, std::mt19937& rng) {
-  Tokens t(n);
-  for (auto& v : t) v = std::uniform_int_distribution<std::int32_t>(2, static_cast<std::int32_t>(vocab - 1))(rng);
-  return t;
-}
 
 /// A prompt, then `steps` greedy decode steps of the exact decoder, each also run with the GPU's bf16
 /// roundings reproduced (its own cache): every logit of every step within the bound; returns the worst
