@@ -137,7 +137,7 @@ concept attention_describes_itself = requires {
 };
 
 /// The kernel builds its view from what every allocator gives: a block table and a block size (a
-/// contiguous allocator's table is {slot} and its block size the slot's capacity).
+/// contiguous allocator's table is its slot's consecutive blocks).
 template <class K>
 concept attention_makes_views = requires(float* k, float* v, std::span<const std::int32_t> table, std::int32_t n) {
   { K::template make_view<float>(k, v, table, n, n, n) } -> std::same_as<typename K::template view<float>>;
