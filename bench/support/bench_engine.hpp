@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "infer/engine/engine_options.hpp"
-#include "infer/engine/presets.hpp"
+#include "infer/engine/engine_registry.hpp"
 #include "infer/model/dummy.hpp"
 #include "infer/model/model_source.hpp"
 
@@ -43,12 +43,8 @@ struct ModelFlags {
   std::string model;       ///< a .gguf file or a Hugging Face folder
   std::string dummy;       ///< or a dummy shape: a preset name or a config.json
   std::uint64_t dummy_seed = 0;
-  std::string backend =
-#if defined(INFER_HAVE_CUDA)
-      "cuda";
-#else
-      "cpu";
-#endif
+  std::string backend = "auto";  ///< cpu, cuda, or auto: the GPU when one is present
+  std::string engine = "paged";     ///< paged, or static (StaticEngine, default_static_shape)
   std::string quantizer = "auto";  ///< cuda: auto (GGUF blocks in place) or bf16
   bool enforce_eager = false;
   double gpu_memory_utilization = 0.9;
@@ -64,7 +60,10 @@ struct ModelFlags {
                                  std::string(kDummyPresets) + ", or a config.json");
     m->excludes(d);
     app.add_option("--dummy-seed", dummy_seed, "seed of the dummy weights");
-    app.add_option("--backend", backend, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
+    app.add_option("--backend", backend, "cuda, cpu or auto (the GPU when one is present)")
+        ->check(CLI::IsMember({"cuda", "cpu", "auto"}));
+    app.add_option("--engine", engine, "paged (vLLM's way) or static (TensorRT-LLM's way: 8 slots of 1024 + 512 tokens)")
+        ->check(CLI::IsMember({"paged", "static"}));
     app.add_option("--quantizer", quantizer, "cuda: auto (GGUF blocks used in place) or bf16 (everything bf16)")
         ->check(CLI::IsMember({"auto", "bf16"}));
     app.add_flag("--enforce-eager", enforce_eager, "cuda: run every step eagerly (no CUDA graphs)");
@@ -88,7 +87,8 @@ struct ModelFlags {
 
   [[nodiscard]] EngineOptions options(std::int32_t needed_len) const {
     EngineOptions o;
-    o.max_model_len = max_model_len ? max_model_len : needed_len;
+    // The static engine's slots are its Shape's; the context must hold one (0: the model's own).
+    o.max_model_len = max_model_len ? max_model_len : engine == "static" ? 0 : needed_len;
     o.enable_prefix_caching = false;  // random prompts share nothing; the benchmark measures compute
     o.gpu_memory_utilization = gpu_memory_utilization;
     o.enforce_eager = enforce_eager;
@@ -98,7 +98,7 @@ struct ModelFlags {
   }
 
   [[nodiscard]] nlohmann::json settings() const {
-    return {{"model", model_label()},          {"backend", backend},
+    return {{"model", model_label()},          {"backend", backend},   {"engine", engine},
             {"quantizer", quantizer},          {"cuda_graphs", backend == "cuda" && !enforce_eager},
             {"gpu_memory_utilization", gpu_memory_utilization},
             {"max_num_seqs", max_num_seqs},    {"max_num_batched_tokens", max_num_batched_tokens},
@@ -154,20 +154,23 @@ inline double mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / static_cast<double>(v.size());
 }
 
-/// Calls `body.template operator()<E>()` with the engine the flags name — PagedEngine<cpu, 16>, or on
-/// cuda PagedEngine<cuda, 16> with GGUF blocks in place (auto) or everything bf16 — and returns its exit
-/// code; an exception is printed as "program: message" (exit 1), a CUDA-less build asked for cuda exits 2.
+/// Calls `body.template operator()<E>()` with the engine the flags name (engine_registry.hpp: paged or static,
+/// on cpu or cuda, GGUF blocks in place or everything bf16) and returns its exit code. A backend that is
+/// not there (a CUDA-less build or a machine without a GPU asked for cuda) exits 2; any other exception is
+/// printed as "program: message" (exit 1). `mf.backend` becomes the backend resolved ("auto" → cpu/cuda).
 template <class Body>
-int with_engine(const char* program, const ModelFlags& mf, Body&& body) {
+int with_engine(const char* program, ModelFlags& mf, Body&& body) {
   try {
-    if (mf.backend == "cpu") return body.template operator()<PagedEngine<cpu, 16>>();
-#if defined(INFER_HAVE_CUDA)
-    if (mf.quantizer == "bf16") return body.template operator()<PagedEngine<cuda, 16, Bf16>>();
-    return body.template operator()<PagedEngine<cuda, 16>>();
-#else
-    std::fprintf(stderr, "%s: this build has no CUDA backend; use --backend cpu\n", program);
+    mf.backend = resolve_backend(mf.backend);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
     return 2;
-#endif
+  }
+  try {
+    LlmOptions choice;
+    choice.engine = mf.engine;
+    choice.quantizer = mf.quantizer;
+    return with_engine_type(mf.backend, choice, std::forward<Body>(body));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", program, e.what());
     return 1;

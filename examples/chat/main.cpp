@@ -1,6 +1,6 @@
 // infer-chat: an interactive chat in the terminal, streaming the reply token by token.
 //
-//   infer-chat --model MODEL [--system TEXT] [--temperature T] [--max-tokens N] [--seed S]
+//   infer-chat --model MODEL [--system TEXT] [--temperature T] [--max-tokens N] [--seed S] [--backend cpu|cuda|auto]
 // Type a message and press enter; /reset starts a new conversation, /exit (or end of input) quits.
 // Each turn re-renders the whole conversation with the model's chat template; the paged engine's prefix
 // cache finds the earlier turns' KV blocks, so only the new turn is computed.
@@ -12,19 +12,26 @@
 #include <string>
 #include <vector>
 
-#include "infer/engine/presets.hpp"
+#include "infer/engine/engine_registry.hpp"
 #include "infer/tokenizer/chat_template.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"Chat with a model in the terminal", "infer-chat"};
-  std::string model, system, chat_template;
+  std::string system, chat_template;
+  infer::ModelSpec spec;
+  spec.backend = "auto";
+  infer::LlmOptions opt;
   infer::SamplingParams sp;
   sp.temperature = 0.7f;
   sp.top_p = 0.9f;
   sp.max_tokens = 256;
   std::optional<std::uint64_t> seed;
-  infer::EngineOptions eo;
-  app.add_option("--model,-m", model, "a .gguf file or a Hugging Face model folder")->required();
+  app.add_option("--model,-m", spec.model, "a .gguf file or a Hugging Face model folder")->required();
+  app.add_option("--backend", spec.backend, "cpu, cuda, or auto (the GPU when one is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--gpu-memory-utilization", opt.engine_options.gpu_memory_utilization,
+                 "cuda: fraction of the device this engine may use")
+      ->check(CLI::Range(0.01, 1.0));
   app.add_option("--system", system, "a system message opening the conversation");
   app.add_option("--chat-template", chat_template, "built-in template instead of the model's: chatml, llama3, llama3.1, mistral");
   app.add_option("--temperature", sp.temperature);
@@ -36,15 +43,23 @@ int main(int argc, char** argv) {
   const bool tty = ::isatty(STDIN_FILENO);
 
   try {
+    spec.backend = infer::resolve_backend(spec.backend);
+  } catch (const infer::Error& e) {
+    fmt::print(stderr, "infer-chat: {}\n", e.what());
+    return 2;
+  }
+  try {
     sp.validate();
-    infer::PagedEngine<infer::cpu, 16> engine(model, eo);
-    const infer::Tokenizer* tok = engine.tokenizer();
+    // The paged engine: its prefix cache finds the earlier turns of the conversation.
+    const auto engine = infer::make_engine(spec, opt);
+    const infer::Tokenizer* tok = engine->tokenizer();
     infer::require<infer::InvalidArgument>(tok != nullptr, "the model has no tokenizer");
     const auto tmpl = chat_template.empty() ? infer::ChatTemplate::from_source(tok->chat_template_source())
                                             : infer::ChatTemplate::from_name(chat_template);
     std::vector<infer::ChatMessage> history;
     if (!system.empty()) history.push_back({"system", system});
-    if (tty) fmt::print("infer-chat: {} — /reset for a new conversation, /exit to quit\n", model);
+    if (tty)
+      fmt::print("infer-chat: {} on {} — /reset for a new conversation, /exit to quit\n", spec.model.string(), spec.backend);
 
     std::string line;
     while (true) {
@@ -63,14 +78,14 @@ int main(int argc, char** argv) {
       const auto prompt = tok->encode(tmpl.apply(history, /*add_generation_prompt=*/true), opts);
       std::string reply;
       try {
-        engine.add_request(prompt, sp);
+        engine->add_request(prompt, sp);
       } catch (const infer::InvalidArgument& e) {
         fmt::print(stderr, "infer-chat: {}\n", e.what());  // e.g. the conversation outgrew the context
         history.pop_back();
         continue;
       }
-      while (engine.has_unfinished()) {
-        for (const auto& out : engine.step()) {
+      while (engine->has_unfinished()) {
+        for (const auto& out : engine->step()) {
           fmt::print("{}", out.outputs[0].delta_text);
           std::fflush(stdout);
           reply += out.outputs[0].delta_text;

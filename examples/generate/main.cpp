@@ -1,10 +1,12 @@
-// infer-generate: offline batch generation on the CPU backend (the infer::LLM API as a program).
+// infer-generate: offline batch generation (the infer::LLM API as a program), on the GPU when one is present.
 //
 //   infer-generate --model MODEL "prompt one" "prompt two" [--chat] [sampling flags] [--json]
 //   infer-generate --model MODEL --prompts FILE            one prompt per line, or JSONL lines
 //                                                          {"prompt": "..."} / {"messages": [{"role", "content"}]}
-// --engine paged|static and --block-size 8|16|32 choose the compiled engine; --json prints one document
-// with every request's tokens, text, finish reason and timings, the run's summary and KV-cache statistics.
+//   infer-generate --dummy llama3-8b --tokenizer MODEL ... a model shape with random weights, another's tokenizer
+// --backend cpu|cuda|auto, --engine paged|static, --block-size 8|16|32 and --quantizer auto|bf16 choose the
+// compiled engine (engine_registry.hpp); --backend cuda on a machine without a GPU exits 2. --json prints one
+// document with every request's tokens, text, finish reason and timings, the run's summary and KV statistics.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -75,14 +77,30 @@ json kv_json(const infer::KvStats& k) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Generate completions for a batch of prompts", "infer-generate"};
-  std::string model, prompts_file, kv_memory;
+  std::string prompts_file, kv_memory;
+  infer::ModelSpec spec;
+  spec.backend = "auto";
   std::vector<std::string> prompt_args;
   bool chat = false, as_json = false, no_prefix_caching = false;
   infer::LlmOptions opt;
   infer::SamplingParams sp;
   sp.max_tokens = 64;
   std::optional<std::uint64_t> seed;
-  app.add_option("--model,-m", model, "a .gguf file or a Hugging Face model folder")->required();
+  auto* model_opt = app.add_option("--model,-m", spec.model, "a .gguf file or a Hugging Face model folder");
+  auto* dummy_opt = app.add_option("--dummy", spec.dummy,
+                                   std::string("a model shape with seeded random weights: ") +
+                                       std::string(infer::kDummyPresets) + ", or a config.json");
+  model_opt->excludes(dummy_opt);
+  app.add_option("--dummy-seed", spec.dummy_seed, "seed of the dummy weights");
+  app.add_option("--tokenizer", spec.tokenizer, "--dummy: the tokenizer of this model file (or an HF tokenizer.json)");
+  app.add_option("--backend", spec.backend, "cpu, cuda, or auto (the GPU when one is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--quantizer", opt.quantizer, "cuda: auto (GGUF blocks used in place) or bf16")
+      ->check(CLI::IsMember({"auto", "bf16"}));
+  app.add_option("--gpu-memory-utilization", opt.engine_options.gpu_memory_utilization,
+                 "cuda: fraction of the device this engine may use (weights, activations, KV cache)")
+      ->check(CLI::Range(0.01, 1.0));
+  app.add_flag("--enforce-eager", opt.engine_options.enforce_eager, "cuda: run every step eagerly (no CUDA graphs)");
   app.add_option("prompts", prompt_args, "prompts (or use --prompts FILE)");
   app.add_option("--prompts", prompts_file, "a file: one prompt per line, or JSONL {\"prompt\"} / {\"messages\"}");
   app.add_flag("--chat", chat, "wrap each plain prompt as a user turn of the model's chat template");
@@ -115,6 +133,13 @@ int main(int argc, char** argv) {
   opt.engine_options.enable_prefix_caching = !no_prefix_caching;
 
   try {
+    spec.backend = infer::resolve_backend(spec.backend);
+  } catch (const infer::Error& e) {
+    fmt::print(stderr, "infer-generate: {}\n", e.what());
+    return 2;
+  }
+  try {
+    spec.validate();
     if (!kv_memory.empty()) opt.engine_options.kv_cache_bytes = infer::parse_memory_size(kv_memory);
     std::vector<Prompt> prompts;
     for (const auto& p : prompt_args)
@@ -128,7 +153,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     sp.validate();
-    infer::LLM llm(model, opt);
+    infer::LLM llm(spec, opt);
 
     // Render chat prompts, tokenize everything, then run the whole batch at once.
     std::vector<std::vector<std::int32_t>> ids;
@@ -169,7 +194,8 @@ int main(int argc, char** argv) {
                                     {"latency_ms", r.metrics.latency_s() * 1e3}}}});
     }
     const auto st = llm.stats();
-    json doc{{"model", model},
+    json doc{{"model", spec.dummy.empty() ? spec.model.string() : "dummy:" + spec.dummy},
+             {"backend", spec.backend},
              {"engine", opt.engine},
              {"block_size", opt.engine == "paged" ? json(opt.block_size) : json(nullptr)},
              {"results", items},

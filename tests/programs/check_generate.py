@@ -84,4 +84,21 @@ check(r.returncode == 1 and "--kv-cache-memory" in r.stderr and "8192" in r.stde
 r = run()
 check(r.returncode == 2 and "no prompts" in r.stderr, f"no prompts: {r.stderr!r}")
 
+# the backend: auto runs where it can, the JSON says where; cuda without a GPU (or without CUDA) exits 2
+r = run("The capital of France is", "--max-tokens", "2", "--json")
+doc = json.loads(r.stdout) if r.returncode == 0 else {}
+check(doc.get("backend") in ("cpu", "cuda"), f"--json names the backend auto picked: {doc.get('backend')!r}")
+if doc.get("backend") == "cpu":  # no GPU here: cuda must be refused with a message, exit 2
+    r = run("x", "--backend", "cuda")
+    check(r.returncode == 2 and "backend cuda" in r.stderr and "--backend cpu" in r.stderr, f"cuda without a GPU: {r.stderr!r}")
+r = run("x", "--backend", "cpu", "--quantizer", "bf16")
+check(r.returncode == 1 and "cuda backend option" in r.stderr, f"bf16 on the cpu: {r.stderr!r}")
+
+# a dummy shape with a borrowed tokenizer: text in, text out, on the CPU
+r = subprocess.run([exe, "--dummy", "smollm2-135m", "--tokenizer", model, "--backend", "cpu", "--max-tokens", "3",
+                    "--temperature", "0", "--ignore-eos", "--json", "Hello"], capture_output=True, text=True, timeout=600)
+doc = json.loads(r.stdout) if r.returncode == 0 else {}
+check(r.returncode == 0 and doc["model"] == "dummy:smollm2-135m" and len(doc["results"][0]["outputs"][0]["token_ids"]) == 3,
+      f"--dummy --tokenizer: {r.returncode} {r.stderr[-300:]!r}")
+
 finish()

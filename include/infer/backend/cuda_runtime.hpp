@@ -36,6 +36,16 @@ inline void check(cudaError_t err, const char* what) {
   throw DeviceError(detail::cat(what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
 }
 
+/// CUDA devices this process can use; 0 when there are none or the driver cannot say (no GPU, no driver).
+inline int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: leave no error behind for the next check
+    return 0;
+  }
+  return n;
+}
+
 /// Free and total memory of the current device, in bytes (cudaMemGetInfo).
 struct MemoryInfo {
   std::size_t free = 0;

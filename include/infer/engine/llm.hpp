@@ -1,57 +1,28 @@
 #pragma once
 /// \file
-/// `infer::LLM`: the offline API (vLLM's `LLM.generate` is the model users know). It picks one of the
-/// compiled engine presets at run time (`LlmOptions::engine`, `block_size`), runs a whole batch of
-/// prompts or conversations to completion, draws a progress bar on a terminal, and returns per-request
-/// text, token ids, finish reasons and timings, with a summary of the run.
+/// `infer::LLM`: the offline API (vLLM's `LLM.generate` is the model users know). It runs one of the
+/// compiled engines (engine_registry.hpp: backend cpu, cuda or auto; engine paged or static), runs a whole
+/// batch of prompts or conversations to completion, draws a progress bar on a terminal, and returns
+/// per-request text, token ids, finish reasons and timings, with a summary of the run.
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <variant>
 #include <vector>
 
-#include "infer/engine/presets.hpp"
+#include "infer/engine/engine_registry.hpp"
+#include "infer/engine/llm_options.hpp"
 #include "infer/tokenizer/chat_template.hpp"
 
 namespace infer {
-
-/// "512M", "2G", "1048576" → bytes: the --kv-cache-memory syntax of infer-generate, infer-serve and router
-/// configs. InvalidArgument names `what` and the text.
-inline std::size_t parse_memory_size(const std::string& s, const std::string& what = "--kv-cache-memory") {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = s.substr(used);
-  const double mult = unit.empty() ? 1 : unit == "K" || unit == "KiB" ? 1024.0
-                                   : unit == "M" || unit == "MiB" ? 1048576.0
-                                   : unit == "G" || unit == "GiB" ? 1073741824.0 : -1;
-  if (used == 0 || mult < 0 || v <= 0)
-    throw InvalidArgument(detail::cat(what, " '", s, "' is not a size like 512M or 2G"));
-  return static_cast<std::size_t>(v * mult);
-}
-
-struct LlmOptions {
-  std::string engine = "paged";    ///< "paged" (PagedEngine) or "static" (StaticEngine, default_static_shape)
-  std::int32_t block_size = 16;    ///< paged engine: 8, 16 or 32
-  EngineOptions engine_options;
-  std::string chat_template;       ///< a built-in template (chatml, llama3, llama3.1, mistral) instead of the model's
-  bool progress = true;            ///< draw a progress bar when stderr is a terminal
-  bool summary = true;             ///< print the run's summary to stderr at the end
-};
 
 /// What one generate()/chat() call did, over all its requests.
 struct GenerationSummary {
@@ -73,47 +44,26 @@ struct GenerationSummary {
 };
 
 class LLM {
-  // The engines LlmOptions can pick, compiled once each. Declared first: the members below deduce
-  // their return types through visit().
-  using Engines = std::variant<PagedEngine<cpu, 8>, PagedEngine<cpu, 16>, PagedEngine<cpu, 32>, StaticEngine<cpu>>;
-
-  template <class E>
-  void make(const std::filesystem::path& model) {
-    engine_ = std::make_unique<Engines>(std::in_place_type<E>, model, options_.engine_options);
-  }
-  template <class F>
-  decltype(auto) visit(F&& f) const { return std::visit(std::forward<F>(f), *engine_); }
-  template <class F>
-  decltype(auto) visit(F&& f) { return std::visit(std::forward<F>(f), *engine_); }
-
  public:
-  explicit LLM(const std::filesystem::path& model, LlmOptions options = {}) : options_(std::move(options)) {
-    using detail::cat;
-    if (options_.engine == "static") {
-      make<StaticEngine<cpu>>(model);
-    } else if (options_.engine == "paged") {
-      switch (options_.block_size) {
-        case 8: make<PagedEngine<cpu, 8>>(model); break;
-        case 16: make<PagedEngine<cpu, 16>>(model); break;
-        case 32: make<PagedEngine<cpu, 32>>(model); break;
-        default:
-          throw InvalidArgument(cat("block_size = ", options_.block_size, " is not compiled in; choose 8, 16 or 32"));
-      }
-    } else {
-      throw InvalidArgument(cat("engine '", options_.engine, "' is unknown; choose paged or static"));
-    }
-  }
+  /// The model at `model` on the GPU when one is present (backend "auto"), else on the CPU.
+  explicit LLM(const std::filesystem::path& model, LlmOptions options = {})
+      : LLM(ModelSpec{.model = model, .backend = "auto"}, std::move(options)) {}
+
+  /// A model file or a dummy shape, on the backend `spec` names. Errors as make_engine.
+  LLM(const ModelSpec& spec, LlmOptions options) : options_(std::move(options)), engine_(make_engine(spec, options_)) {}
 
   [[nodiscard]] const Tokenizer& tokenizer() const {
-    const Tokenizer* t = visit([](auto& e) { return e.tokenizer(); });
+    const Tokenizer* t = engine_->tokenizer();
     require<InvalidArgument>(t != nullptr, "this model has no tokenizer");
     return *t;
   }
-  [[nodiscard]] const ModelConfig& config() const { return visit([](auto& e) -> const ModelConfig& { return e.config(); }); }
-  [[nodiscard]] KvStats kv_stats() const { return visit([](auto& e) { return e.kv_stats(); }); }
-  [[nodiscard]] EngineStats stats() const { return visit([](auto& e) { return e.stats(); }); }
+  [[nodiscard]] const ModelConfig& config() const { return engine_->config(); }
+  [[nodiscard]] KvStats kv_stats() const { return engine_->kv_stats(); }
+  [[nodiscard]] EngineStats stats() const { return engine_->stats(); }
   [[nodiscard]] const GenerationSummary& last_summary() const noexcept { return summary_; }
   [[nodiscard]] std::string_view engine_name() const noexcept { return options_.engine; }
+  /// Which engine runs, on which backend, with which limits.
+  [[nodiscard]] EngineInfo info() const { return engine_->info(); }
 
   /// Completes every prompt; results in prompt order. Throws InvalidArgument naming the first bad prompt
   /// (nothing is run then).
@@ -141,7 +91,7 @@ class LLM {
   }
 
   std::vector<RequestOutput> generate_ids(std::span<const std::vector<std::int32_t>> prompts, const SamplingParams& params) {
-    return visit([&](auto& e) { return run(e, prompts, params); });
+    return run(*engine_, prompts, params);
   }
 
   [[nodiscard]] ChatTemplate chat_template() const {
@@ -150,8 +100,10 @@ class LLM {
   }
 
  private:
-  template <class E>
-  std::vector<RequestOutput> run(E& engine, std::span<const std::vector<std::int32_t>> prompts, const SamplingParams& params) {
+  using Clock = std::chrono::steady_clock;
+
+  std::vector<RequestOutput> run(EngineHandle& engine, std::span<const std::vector<std::int32_t>> prompts,
+                                 const SamplingParams& params) {
     const auto start = Clock::now();
     const EngineStats before = engine.stats();
     kv_peak_ = {};
@@ -235,7 +187,7 @@ class LLM {
   }
 
   LlmOptions options_;
-  std::unique_ptr<Engines> engine_;
+  std::unique_ptr<EngineHandle> engine_;
   GenerationSummary summary_;
   KvStats kv_peak_;
   double max_waste_ = 0;

@@ -279,11 +279,16 @@ class BlockingEngine final : public EngineHandle {
   [[nodiscard]] std::size_t num_running() const override { return busy_ ? 1 : 0; }
   [[nodiscard]] KvStats kv_stats() const override { return {}; }
   [[nodiscard]] EngineStats stats() const override { return {}; }
+  [[nodiscard]] const ModelConfig& config() const override { return config_; }
   [[nodiscard]] const Tokenizer* tokenizer() const override { return nullptr; }
-  [[nodiscard]] EngineInfo info() const override { return {"paged", 16, 64, 64, 100, 1}; }
+  [[nodiscard]] EngineInfo info() const override {
+    return {.kind = "paged", .backend = "cpu", .block_size = 16, .max_model_len = 64, .max_input = 64,
+            .max_output = 64, .vocab_size = 100, .max_num_seqs = 1};
+  }
 
  private:
   bool busy_ = false;
+  ModelConfig config_;
 };
 }  // namespace
 

@@ -55,11 +55,21 @@ TEST_CASE("ModelSpec refuses combinations that cannot load, naming the flag") {
 #if !defined(INFER_HAVE_CUDA)
   CHECK_THAT(message(ModelSpec{.model = model, .backend = "cuda"}), Catch::Contains("no CUDA backend"));
 #else
-  // The server compiles one CUDA engine; other shapes are refused before the GPU is touched.
+  // The cuda backend compiles one paged block size; other choices are refused before the GPU is touched.
   LlmOptions o = small_options();
   o.block_size = 8;
   CHECK_THROWS_WITH(make_engine(ModelSpec{.model = model, .backend = "cuda"}, o), Catch::Contains("block_size 16"));
+  if (cuda_devices() == 0)
+    CHECK_THROWS_WITH(make_engine(ModelSpec{.model = model, .backend = "cuda"}, small_options()),
+                      Catch::Contains("no CUDA device is present"));
 #endif
+  // auto: the GPU when this build has one and a device is present.
+  CHECK(resolve_backend("auto") == (cuda_devices() > 0 ? "cuda" : "cpu"));
+  CHECK(resolve_backend("cpu") == "cpu");
+  CHECK_THROWS_WITH(resolve_backend("tpu"), Catch::Contains("backend 'tpu' is unknown"));
+  LlmOptions bf16_on_cpu = small_options();
+  bf16_on_cpu.quantizer = "bf16";
+  CHECK_THROWS_WITH(make_engine(ModelSpec{.model = model}, bf16_on_cpu), Catch::Contains("cuda backend option"));
   CHECK(message(ModelSpec{.dummy = "llama3-8b", .tokenizer = model, .backend = "cpu"}).empty());
   CHECK(ModelSpec{.dummy = "llama3-8b"}.name() == "dummy-llama3-8b");
   CHECK(ModelSpec{.model = model}.name() == model.filename().string());

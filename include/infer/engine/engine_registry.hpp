@@ -1,0 +1,254 @@
+#pragma once
+/// \file
+/// The one place where run-time choices become compiled engines. `with_engine_type(backend, options, body)`
+/// calls `body.template operator()<E>()` with the Engine type that a backend ("cpu" or "cuda") and
+/// LlmOptions (engine kind, block size, quantizer) name; `make_engine` builds one behind `EngineHandle`, a
+/// small virtual interface, so the offline API, the server's engine thread, its router and its tests are
+/// written once for every engine. A virtual call per step or per request costs nothing next to a forward
+/// pass; the engine's own hot path stays free of them.
+///
+/// | backend | engine   | compiled                                                              |
+/// | ------- | -------- | --------------------------------------------------------------------- |
+/// | cpu     | paged    | PagedEngine<cpu, 8 / 16 / 32> (F32)                                   |
+/// | cpu     | static   | StaticEngine<cpu> (default_static_shape, F32)                         |
+/// | cuda    | paged    | PagedEngine<cuda, 16>, quantizer auto (GgufInPlace) or bf16 (Bf16)    |
+/// | cuda    | static   | StaticEngine<cuda> (default_static_shape), quantizer auto or bf16     |
+///
+/// Each of these is instantiated once, in kernels/ (engines_cpu.cpp, cuda/engines_cuda.cpp), and declared
+/// `extern template` here, so a program that includes this header compiles none of them again.
+///
+/// `ModelSpec` says what is loaded and where: a model file, or a `dummy` shape (seeded random weights, as
+/// vLLM's `--load-format dummy`) with a borrowed tokenizer, on backend "cpu", "cuda" or "auto" (the GPU
+/// when this build has CUDA and a device is present, as vLLM picks its platform).
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "infer/backend/cuda_runtime.hpp"
+#include "infer/engine/llm_options.hpp"
+#include "infer/engine/presets.hpp"
+#include "infer/model/dummy.hpp"
+#include "infer/model/model_source.hpp"
+
+namespace infer {
+
+/// What a caller needs to know about a loaded engine, fixed after loading.
+struct EngineInfo {
+  std::string kind;                 ///< "paged" or "static"
+  std::string backend;              ///< "cpu" or "cuda"
+  std::int32_t block_size = 0;      ///< paged: tokens per KV block
+  std::int32_t max_model_len = 0;   ///< longest prompt + output
+  std::int32_t max_input = 0;       ///< longest prompt (a static slot's max_input; max_model_len when paged)
+  std::int32_t max_output = 0;      ///< most tokens one request can generate (a static slot's max_output)
+  std::int64_t vocab_size = 0;
+  std::int32_t max_num_seqs = 0;    ///< requests that run at once
+};
+
+/// One engine of any compiled type.
+class EngineHandle {
+ public:
+  virtual ~EngineHandle() = default;
+  virtual RequestId add_request(std::vector<std::int32_t> prompt, SamplingParams params) = 0;
+  virtual void abort(RequestId id) = 0;
+  virtual std::vector<RequestOutput> step() = 0;
+  [[nodiscard]] virtual bool has_unfinished() const = 0;
+  [[nodiscard]] virtual std::size_t num_waiting() const = 0;
+  [[nodiscard]] virtual std::size_t num_running() const = 0;
+  [[nodiscard]] virtual KvStats kv_stats() const = 0;
+  [[nodiscard]] virtual EngineStats stats() const = 0;
+  [[nodiscard]] virtual const ModelConfig& config() const = 0;
+  /// The model's tokenizer (nullptr when it has none). Tokenizer is immutable and thread-safe.
+  [[nodiscard]] virtual const Tokenizer* tokenizer() const = 0;
+  [[nodiscard]] virtual EngineInfo info() const = 0;
+};
+
+template <class E>
+class EngineAdapter final : public EngineHandle {
+ public:
+  template <class... Args>
+  explicit EngineAdapter(Args&&... args) : engine_(std::forward<Args>(args)...) {}
+
+  RequestId add_request(std::vector<std::int32_t> prompt, SamplingParams params) override {
+    return engine_.add_request(std::move(prompt), std::move(params));
+  }
+  void abort(RequestId id) override { engine_.abort(id); }
+  std::vector<RequestOutput> step() override { return engine_.step(); }
+  [[nodiscard]] bool has_unfinished() const override { return engine_.has_unfinished(); }
+  [[nodiscard]] std::size_t num_waiting() const override { return engine_.num_waiting(); }
+  [[nodiscard]] std::size_t num_running() const override { return engine_.num_running(); }
+  [[nodiscard]] KvStats kv_stats() const override { return engine_.kv_stats(); }
+  [[nodiscard]] EngineStats stats() const override { return engine_.stats(); }
+  [[nodiscard]] const ModelConfig& config() const override { return engine_.config(); }
+  [[nodiscard]] const Tokenizer* tokenizer() const override { return engine_.tokenizer(); }
+  [[nodiscard]] EngineInfo info() const override {
+    using A = typename E::allocator_type;
+    EngineInfo i;
+    i.backend = std::is_same_v<typename E::backend, cuda> ? "cuda" : "cpu";
+    i.max_model_len = engine_.max_model_len();
+    i.vocab_size = static_cast<std::int64_t>(engine_.config().vocab_size);
+    if constexpr (requires { A::shape; }) {
+      i.kind = "static";
+      i.max_input = A::shape.max_input;
+      i.max_output = A::shape.max_output;
+      i.max_num_seqs = A::shape.max_batch;
+    } else {
+      i.kind = "paged";
+      i.block_size = engine_.kv_stats().block_size;
+      i.max_input = i.max_output = i.max_model_len;
+      i.max_num_seqs = engine_.options().scheduler.max_num_seqs;
+    }
+    return i;
+  }
+  [[nodiscard]] E& engine() noexcept { return engine_; }
+
+ private:
+  E engine_;
+};
+
+/// Whether this build has the CUDA backend.
+inline constexpr bool kHaveCuda =
+#if defined(INFER_HAVE_CUDA)
+    true;
+#else
+    false;
+#endif
+
+/// CUDA devices present (0 in a build without CUDA).
+inline int cuda_devices() noexcept {
+#if defined(INFER_HAVE_CUDA)
+  return backend::cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+/// "cpu", "cuda" or "auto" → the backend to run on: "auto" is "cuda" when this build has CUDA and a
+/// device is present, else "cpu". InvalidArgument for an unknown name; DeviceError when "cuda" is asked
+/// of a build without CUDA or a machine without a device (programs exit 2 on it).
+inline std::string resolve_backend(std::string_view asked) {
+  using detail::cat;
+  if (asked != "cpu" && asked != "cuda" && asked != "auto")
+    throw InvalidArgument(cat("backend '", asked, "' is unknown; choose cpu, cuda or auto"));
+  if (asked == "cpu") return "cpu";
+  if (cuda_devices() > 0) return "cuda";
+  if (asked == "cuda")
+    throw DeviceError(kHaveCuda ? "backend cuda: no CUDA device is present on this machine; use --backend cpu"
+                                : "backend cuda: this build has no CUDA backend (nvcc was not found when it was "
+                                  "configured); use --backend cpu");
+  return "cpu";
+}
+
+struct ModelSpec {
+  std::filesystem::path model{};
+  std::string dummy{};
+  std::uint64_t dummy_seed = 0;
+  std::filesystem::path tokenizer{};
+  std::string backend = "cpu";  ///< "cpu", "cuda" or "auto" (resolve_backend)
+
+  /// The model's name as clients see it by default.
+  [[nodiscard]] std::string name() const { return dummy.empty() ? model.filename().string() : "dummy-" + dummy; }
+
+  /// InvalidArgument for a combination that cannot load, before anything is read.
+  void validate() const {
+    using detail::cat;
+    if (model.empty() == dummy.empty()) throw InvalidArgument("give one of --model PATH or --dummy SHAPE");
+    if (!tokenizer.empty() && dummy.empty())
+      throw InvalidArgument("--tokenizer is for --dummy models; a model file brings its own tokenizer");
+    if (backend != "cpu" && backend != "cuda" && backend != "auto")
+      throw InvalidArgument(cat("backend '", backend, "' is unknown; choose cpu, cuda or auto"));
+    if (!kHaveCuda && backend == "cuda")
+      throw InvalidArgument("this build has no CUDA backend (nvcc was not found); use --backend cpu");
+  }
+
+  [[nodiscard]] ModelSource open() const {
+    if (dummy.empty()) return ModelSource::open(model);
+    std::optional<Tokenizer> tok;
+    if (tokenizer.extension() == ".json") {
+      tok.emplace(Tokenizer::from_hf_json(tokenizer));
+    } else if (!tokenizer.empty()) {
+      const ModelSource donor = ModelSource::open(tokenizer);
+      if (!donor.tokenizer()) throw InvalidArgument(detail::cat(donor.describe(), " has no tokenizer"));
+      tok.emplace(*donor.tokenizer());  // shares its tables; outlives the donor
+    }
+    return ModelSource::dummy(dummy_config(dummy), dummy_seed, dummy, std::move(tok));
+  }
+};
+
+/// InvalidArgument naming the choice when `options` ask for an engine that is not compiled for `backend`
+/// ("cpu" or "cuda"); touches no device.
+inline void check_engine_choice(std::string_view backend, const LlmOptions& options) {
+  using detail::cat;
+  if (options.engine != "paged" && options.engine != "static")
+    throw InvalidArgument(cat("engine '", options.engine, "' is unknown; choose paged or static"));
+  if (options.quantizer != "auto" && options.quantizer != "bf16")
+    throw InvalidArgument(cat("quantizer '", options.quantizer, "' is unknown; choose auto or bf16"));
+  if (options.engine != "paged") return;
+  if (backend == "cuda") {
+    // One block size on CUDA: each engine instance adds minutes to the build, and 16 is what the kernels
+    // are tuned for.
+    if (options.block_size != 16)
+      throw InvalidArgument(cat("the cuda backend runs the paged engine with block_size 16 (asked: block_size ",
+                                options.block_size, ")"));
+  } else if (options.block_size != 8 && options.block_size != 16 && options.block_size != 32) {
+    throw InvalidArgument(cat("block_size = ", options.block_size, " is not compiled in; choose 8, 16 or 32"));
+  }
+  if (backend != "cuda" && options.quantizer == "bf16")
+    throw InvalidArgument("quantizer bf16 is a cuda backend option; the cpu backend computes in f32");
+}
+
+/// Calls `body.template operator()<E>()` with the engine type `backend` ("cpu" or "cuda", resolved) and
+/// `options` name, and returns what it returns. Errors as check_engine_choice.
+template <class Body>
+decltype(auto) with_engine_type(std::string_view backend, const LlmOptions& options, Body&& body) {
+  check_engine_choice(backend, options);
+  const bool paged = options.engine == "paged";
+  if (backend == "cuda") {
+#if defined(INFER_HAVE_CUDA)
+    const bool bf16 = options.quantizer == "bf16";
+    if (!paged)
+      return bf16 ? body.template operator()<StaticEngine<cuda, default_static_shape, Bf16>>()
+                  : body.template operator()<StaticEngine<cuda>>();
+    return bf16 ? body.template operator()<PagedEngine<cuda, 16, Bf16>>() : body.template operator()<PagedEngine<cuda, 16>>();
+#else
+    throw DeviceError("backend cuda: this build has no CUDA backend; use --backend cpu");
+#endif
+  }
+  if (!paged) return body.template operator()<StaticEngine<cpu>>();
+  if (options.block_size == 8) return body.template operator()<PagedEngine<cpu, 8>>();
+  if (options.block_size == 32) return body.template operator()<PagedEngine<cpu, 32>>();
+  return body.template operator()<PagedEngine<cpu, 16>>();
+}
+
+/// Loads `spec` into the engine `options` name. Errors: ModelSpec::validate's and resolve_backend's,
+/// with_engine_type's, and whatever loading throws.
+inline std::unique_ptr<EngineHandle> make_engine(const ModelSpec& spec, const LlmOptions& options) {
+  spec.validate();
+  if (spec.backend != "auto") check_engine_choice(spec.backend, options);  // before any device is touched
+  const std::string backend = resolve_backend(spec.backend);
+  return with_engine_type(backend, options, [&]<class E>() -> std::unique_ptr<EngineHandle> {
+    return std::make_unique<EngineAdapter<E>>(spec.open(), options.engine_options);
+  });
+}
+
+// Compiled once in kernels/: programs that include this header link them instead of instantiating them.
+extern template class Engine<cpu, llama, PagedBlockAllocator<8>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
+extern template class Engine<cpu, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
+extern template class Engine<cpu, llama, PagedBlockAllocator<32>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
+extern template class Engine<cpu, llama, ContiguousAllocator<default_static_shape>,
+                             StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, F32>;
+#if defined(INFER_HAVE_CUDA)
+extern template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, GgufInPlace>;
+extern template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, Bf16>;
+extern template class Engine<cuda, llama, ContiguousAllocator<default_static_shape>,
+                             StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, GgufInPlace>;
+extern template class Engine<cuda, llama, ContiguousAllocator<default_static_shape>,
+                             StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, Bf16>;
+#endif
+
+}  // namespace infer

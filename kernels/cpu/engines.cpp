@@ -1,0 +1,12 @@
+// The CPU engines the registry can pick, compiled once here (engine_registry.hpp declares them extern).
+#include "infer/engine/engine_registry.hpp"
+
+namespace infer {
+
+template class Engine<cpu, llama, PagedBlockAllocator<8>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
+template class Engine<cpu, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
+template class Engine<cpu, llama, PagedBlockAllocator<32>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
+template class Engine<cpu, llama, ContiguousAllocator<default_static_shape>,
+                      StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, F32>;
+
+}  // namespace infer

@@ -1,0 +1,14 @@
+// The CUDA engines the registry can pick, compiled once here (engine_registry.hpp declares them extern).
+// Host code: the decoder launches the kernels of this folder's .cu files.
+#include "infer/engine/engine_registry.hpp"
+
+namespace infer {
+
+template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, GgufInPlace>;
+template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, Bf16>;
+template class Engine<cuda, llama, ContiguousAllocator<default_static_shape>,
+                      StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, GgufInPlace>;
+template class Engine<cuda, llama, ContiguousAllocator<default_static_shape>,
+                      StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, Bf16>;
+
+}  // namespace infer
