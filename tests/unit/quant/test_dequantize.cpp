@@ -1,11 +1,12 @@
 // CPU dequantization of every GGUF block type: hand-built blocks with hand-computed values, then
-// gguf-py's dequantization of random blocks (tests/fixtures/quant/random_blocks.json).
+// gguf-py's dequantization of random blocks (tests/fixtures/quant/random_blocks.json), bit for bit.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -279,12 +280,14 @@ TEST_CASE("gguf-py dequantization of random blocks of every type", "[quant]") {
     const auto expected = c.at("values").get<std::vector<double>>();
     REQUIRE(src.size() == *row_bytes(t, expected.size()));
     const auto got = run(t, src, expected.size());
+    // gguf-py computes in f32 with the same operations in the same order, so every value must be equal to
+    // the bit (the sign of zero included); the JSON's doubles are those f32 values, which is checked too.
     int bad = 0;
     for (std::size_t i = 0; i < expected.size(); ++i) {
-      const double e = expected[i], g = got[i];
-      if (!(std::fabs(g - e) <= 1e-6 * std::fabs(e))) {
-        if (++bad <= 5) FAIL_CHECK("value " << i << ": got " << g << ", expected " << e);
-      }
+      const auto e = static_cast<float>(expected[i]);
+      REQUIRE(static_cast<double>(e) == expected[i]);
+      if (std::memcmp(&e, &got[i], sizeof e) != 0 && ++bad <= 5)
+        FAIL_CHECK("value " << i << ": got " << std::setprecision(9) << got[i] << ", expected " << e);
     }
     CHECK(bad == 0);
     ++types;
