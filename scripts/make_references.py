@@ -102,7 +102,8 @@ dump("smollm2/dequant_reference.json", {"source": "gguf-py dequantize", "tensors
 # --- random blocks of every type --------------------------------------------------------------------
 rng = np.random.default_rng(1234)
 blocks = []
-for qt in [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K]:
+# New types go at the end of the list: the generator then draws the earlier types' blocks as before.
+for qt in [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K, T.Q5_0, T.Q5_1, T.IQ4_NL, T.IQ4_XS]:
     elems, nbytes = gguf.GGML_QUANT_SIZES[qt]
     n_blocks = 3 if elems > 1 else 40
     raw = rng.integers(0, 256, size=n_blocks * nbytes, dtype=np.uint8)
@@ -112,8 +113,9 @@ for qt in [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K]
                T.BF16: (vals.view(np.uint32) >> 16).astype(np.uint16)}[qt].view(np.uint8)
     else:
         # Keep the f16 scales finite and modest: random bits would give inf/NaN scales.
+        # (IQ4_XS's other u16, at 2, holds scale bits: any value is valid.)
         scale_offsets = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q4_K: [0, 2], T.Q5_K: [0, 2],
-                         T.Q6_K: [208]}[qt]
+                         T.Q6_K: [208], T.Q5_0: [0], T.Q5_1: [0, 2], T.IQ4_NL: [0], T.IQ4_XS: [0]}[qt]
         for b in range(n_blocks):
             for off in scale_offsets:
                 h = np.array([rng.uniform(-0.05, 0.05)], dtype=np.float16).view(np.uint8)

@@ -106,9 +106,13 @@ void dequantize(DType type, std::span<const std::byte> src, std::span<float> dst
     case DType::q8_0: return dequantize_blocks<quant::BlockQ8_0>(s, d, n_blocks);
     case DType::q4_0: return dequantize_blocks<quant::BlockQ4_0>(s, d, n_blocks);
     case DType::q4_1: return dequantize_blocks<quant::BlockQ4_1>(s, d, n_blocks);
+    case DType::q5_0: return dequantize_blocks<quant::BlockQ5_0>(s, d, n_blocks);
+    case DType::q5_1: return dequantize_blocks<quant::BlockQ5_1>(s, d, n_blocks);
     case DType::q4_k: return dequantize_blocks<quant::BlockQ4K>(s, d, n_blocks);
     case DType::q5_k: return dequantize_blocks<quant::BlockQ5K>(s, d, n_blocks);
     case DType::q6_k: return dequantize_blocks<quant::BlockQ6K>(s, d, n_blocks);
+    case DType::iq4_nl: return dequantize_blocks<quant::BlockIQ4NL>(s, d, n_blocks);
+    case DType::iq4_xs: return dequantize_blocks<quant::BlockIQ4XS>(s, d, n_blocks);
     case DType::fp8_e4m3:
     case DType::int8: break;  // rejected above
   }

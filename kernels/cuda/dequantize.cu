@@ -130,9 +130,13 @@ void run(DType type, const void* src, Out* dst, std::size_t elems, void* stream_
     case DType::q8_0: launch_blocks<quant::BlockQ8_0>(src, dst, elems, stream); break;
     case DType::q4_0: launch_blocks<quant::BlockQ4_0>(src, dst, elems, stream); break;
     case DType::q4_1: launch_blocks<quant::BlockQ4_1>(src, dst, elems, stream); break;
+    case DType::q5_0: launch_blocks<quant::BlockQ5_0>(src, dst, elems, stream); break;
+    case DType::q5_1: launch_blocks<quant::BlockQ5_1>(src, dst, elems, stream); break;
     case DType::q4_k: launch_blocks<quant::BlockQ4K>(src, dst, elems, stream); break;
     case DType::q5_k: launch_blocks<quant::BlockQ5K>(src, dst, elems, stream); break;
     case DType::q6_k: launch_blocks<quant::BlockQ6K>(src, dst, elems, stream); break;
+    case DType::iq4_nl: launch_blocks<quant::BlockIQ4NL>(src, dst, elems, stream); break;
+    case DType::iq4_xs: launch_blocks<quant::BlockIQ4XS>(src, dst, elems, stream); break;
     case DType::fp8_e4m3:
     case DType::int8: break;
   }

@@ -244,7 +244,9 @@ TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cud
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   kc::Gemm gemm;
   std::uint32_t seed = test_seed("cuda::gguf_gemm");
-  const DType types[] = {DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q5_k, DType::q6_k};
+  // The types without a GEMV kernel (q5_k, q5_0, q5_1, iq4_nl, iq4_xs) take the GEMM branch at every M.
+  const DType types[] = {DType::q8_0, DType::q4_0, DType::q4_1,   DType::q4_k,  DType::q5_k,
+                         DType::q6_k, DType::q5_0, DType::q5_1, DType::iq4_nl, DType::iq4_xs};
   for (DType t : types) {
     for (std::int64_t M : {64, 9, 3}) {  // 3: gguf_linear's GEMV branch; 64 and 9: the GEMM branch
       ++seed;

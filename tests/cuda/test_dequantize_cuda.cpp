@@ -22,8 +22,10 @@ using namespace infer::test;
 
 namespace {
 
-const DType kTypes[] = {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0,
-                        DType::q4_1, DType::q4_k, DType::q5_k, DType::q6_k};
+// New types at the end: each type's random blocks come from one generator in this order, so the earlier
+// types keep the inputs of runs already recorded.
+const DType kTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,   DType::q4_1,  DType::q4_k,
+                        DType::q5_k, DType::q6_k, DType::q5_0, DType::q5_1, DType::iq4_nl, DType::iq4_xs};
 
 }  // namespace
 

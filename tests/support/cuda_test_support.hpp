@@ -68,11 +68,16 @@ inline std::vector<float> to_f32(const std::vector<std::uint16_t>& bf16) {
 }
 
 /// Offsets of the f16 scales within a GGUF block (kept finite and small; random bits would give inf/NaN).
+/// IQ4_XS's u16 at offset 2 holds bits of its sub-block scales, where any value is valid.
 inline std::vector<std::size_t> scale_offsets(DType t) {
   switch (t) {
     case DType::q8_0:
-    case DType::q4_0: return {0};
+    case DType::q4_0:
+    case DType::q5_0:
+    case DType::iq4_nl:
+    case DType::iq4_xs: return {0};
     case DType::q4_1:
+    case DType::q5_1:
     case DType::q4_k:
     case DType::q5_k: return {0, 2};
     case DType::q6_k: return {208};

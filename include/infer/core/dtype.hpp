@@ -20,9 +20,13 @@ enum class DType : std::uint8_t {
   q8_0,  ///< 32 values: f16 scale + 32 int8
   q4_0,  ///< 32 values: f16 scale + 16 bytes of 4-bit codes (value = scale * (q - 8))
   q4_1,  ///< 32 values: f16 scale, f16 min + 16 bytes of 4-bit codes (value = scale * q + min)
+  q5_0,  ///< 32 values: f16 scale, 4 bytes of fifth bits, 16 bytes of 4-bit codes (value = scale * (q - 16))
+  q5_1,  ///< 32 values: f16 scale, f16 min, 4 bytes of fifth bits, 16 bytes of 4-bit codes (scale * q + min)
   q4_k,  ///< 256 values: f16 d, f16 dmin, 12 bytes of 6-bit sub-block scales/mins, 128 bytes codes
   q5_k,  ///< 256 values: as q4_k plus 32 bytes of high bits
   q6_k,  ///< 256 values: 128 bytes low 4 bits, 64 bytes high 2 bits, 16 int8 scales, f16 d
+  iq4_nl,  ///< 32 values: f16 scale + 16 bytes of 4-bit indices into 16 fixed non-uniform levels
+  iq4_xs,  ///< 256 values: f16 d, 6-bit sub-block scales (2 + 4 bytes), 128 bytes of iq4_nl indices
 };
 
 struct DTypeInfo {
@@ -42,9 +46,13 @@ constexpr DTypeInfo info(DType t) noexcept {
     case DType::q8_0: return {"q8_0", 32, 34, true};
     case DType::q4_0: return {"q4_0", 32, 18, true};
     case DType::q4_1: return {"q4_1", 32, 20, true};
+    case DType::q5_0: return {"q5_0", 32, 22, true};
+    case DType::q5_1: return {"q5_1", 32, 24, true};
     case DType::q4_k: return {"q4_k", 256, 144, true};
     case DType::q5_k: return {"q5_k", 256, 176, true};
     case DType::q6_k: return {"q6_k", 256, 210, true};
+    case DType::iq4_nl: return {"iq4_nl", 32, 18, true};
+    case DType::iq4_xs: return {"iq4_xs", 256, 136, true};
   }
   return {"?", 1, 0, false};
 }

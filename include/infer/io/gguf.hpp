@@ -181,10 +181,14 @@ inline std::optional<DType> dtype_from_ggml(std::uint32_t id) {
     case 1: return DType::f16;
     case 2: return DType::q4_0;
     case 3: return DType::q4_1;
+    case 6: return DType::q5_0;
+    case 7: return DType::q5_1;
     case 8: return DType::q8_0;
     case 12: return DType::q4_k;
     case 13: return DType::q5_k;
     case 14: return DType::q6_k;
+    case 20: return DType::iq4_nl;
+    case 23: return DType::iq4_xs;
     case 30: return DType::bf16;
     default: return std::nullopt;
   }
@@ -198,6 +202,15 @@ inline std::string_view ggml_type_name(std::uint32_t id) {
       "I8",      "I16",     "I32",      "I64",    "F64",            "IQ1_M",          "BF16",   "Q4_0_4_4",
       "Q4_0_4_8", "Q4_0_8_8", "TQ1_0",  "TQ2_0",  "IQ4_NL_4_4",     "IQ4_NL_4_8",     "IQ4_NL_8_8", "MXFP4"};
   return id < std::size(names) ? names[id] : std::string_view{};
+}
+
+/// "F32, F16, Q4_0, ...": the ggml types dtype_from_ggml decodes, in id order, for error messages (built from
+/// the mapping, so the message cannot fall behind it).
+inline std::string supported_ggml_types() {
+  std::string out;
+  for (std::uint32_t id = 0; !ggml_type_name(id).empty(); ++id)
+    if (dtype_from_ggml(id)) out += cat(out.empty() ? "" : ", ", ggml_type_name(id));
+  return out;
 }
 
 /// Smallest encoding of one value of `t` (arrays and strings: their headers), for count checks.
@@ -602,8 +615,8 @@ class File {
         const auto known = detail::ggml_type_name(ggml_type);
         throw UnsupportedError(cat("GGUF '", src, "': tensor '", t.name, "' has ggml type ", ggml_type,
                                    known.empty() ? std::string(" (unknown)") : cat(" (", known, ")"),
-                                   ", which this reader does not support (supported: F32, F16, BF16, Q8_0, Q4_0, "
-                                   "Q4_1, Q4_K, Q5_K, Q6_K)"));
+                                   ", which this reader does not support (supported: ",
+                                   detail::supported_ggml_types(), ")"));
       }
       t.type = *dt;
       std::uint64_t elems = 1, rows = 1;

@@ -4,7 +4,8 @@
 /// Q4_K and Q6_K stay in their blocks on the GPU (2-5x fewer bytes than bf16, which is what batch-1
 /// decode is bound by), multiplied by the fused dequantize-GEMV for up to 8 rows and by
 /// dequantize-to-bf16 + cuBLASLt GEMM for more (prefill). Every other weight (bf16/f16/f32 tensors, the
-/// K-quants without a GEMV kernel, dummy weights) is stored as bf16, as Bf16 does. The CUDA default.
+/// block types without a GEMV kernel: Q5_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS; dummy weights) is stored as bf16, as
+/// Bf16 does (blocks decoded once at load by kernels::cuda::dequantize). The CUDA default.
 
 #include <span>
 #include <string_view>

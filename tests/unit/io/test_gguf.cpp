@@ -425,11 +425,13 @@ TEST_CASE("tensor info errors", "[io][gguf]") {
   put<std::uint32_t>(nd0, tb.n_dims_at, 0);
   CHECK_THROWS_WITH(gguf::File::from_bytes(nd0), Catch::Contains("dimension count 0"));
 
-  auto q50 = b;
-  put<std::uint32_t>(q50, tb.type_at, 6);
-  CHECK_THROWS_AS(gguf::File::from_bytes(q50), UnsupportedError);
-  CHECK_THROWS_WITH(gguf::File::from_bytes(q50),
-                    Catch::Contains("'b.q8'") && Catch::Contains("type 6") && Catch::Contains("Q5_0"));
+  auto q3k = b;
+  put<std::uint32_t>(q3k, tb.type_at, 11);
+  CHECK_THROWS_AS(gguf::File::from_bytes(q3k), UnsupportedError);
+  CHECK_THROWS_WITH(gguf::File::from_bytes(q3k),
+                    Catch::Contains("'b.q8'") && Catch::Contains("type 11") && Catch::Contains("Q3_K") &&
+                        Catch::Contains("(supported: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, "
+                                        "IQ4_NL, IQ4_XS, BF16)"));
   auto q2k = b;
   put<std::uint32_t>(q2k, tb.type_at, 10);
   CHECK_THROWS_WITH(gguf::File::from_bytes(q2k), Catch::Contains("Q2_K"));
@@ -479,28 +481,63 @@ TEST_CASE("tensor info errors", "[io][gguf]") {
                                                     Catch::Contains("tensor dimension") && Catch::Contains("'b.q8'"));
 }
 
+namespace {
+
+/// Every ggml type the reader takes: its id (gguf-py's GGMLQuantizationType), and the values and bytes of one
+/// row of a test tensor (one block of the block types, from gguf-py's GGML_QUANT_SIZES).
+struct GgmlType {
+  std::uint32_t id;
+  DType type;
+  std::uint64_t elems, bytes;
+};
+constexpr GgmlType kGgmlTypes[] = {
+    {0, DType::f32, 4, 16},      {1, DType::f16, 4, 8},       {30, DType::bf16, 4, 8},     {8, DType::q8_0, 32, 34},
+    {2, DType::q4_0, 32, 18},    {3, DType::q4_1, 32, 20},    {6, DType::q5_0, 32, 22},    {7, DType::q5_1, 32, 24},
+    {12, DType::q4_k, 256, 144}, {13, DType::q5_k, 256, 176}, {14, DType::q6_k, 256, 210}, {20, DType::iq4_nl, 32, 18},
+    {23, DType::iq4_xs, 256, 136}};
+
+}  // namespace
+
 TEST_CASE("zero-element tensors and tensors of every supported type", "[io][gguf]") {
   GgufWriter w;
   w.tensor("empty", 0, {0, 3}, {});
-  struct T {
-    std::uint32_t id;
-    DType type;
-    std::uint64_t elems, bytes;
-  };
-  const T types[] = {{0, DType::f32, 4, 16},     {1, DType::f16, 4, 8},      {30, DType::bf16, 4, 8},
-                     {8, DType::q8_0, 32, 34},   {2, DType::q4_0, 32, 18},   {3, DType::q4_1, 32, 20},
-                     {12, DType::q4_k, 256, 144}, {13, DType::q5_k, 256, 176}, {14, DType::q6_k, 256, 210}};
-  for (const auto& t : types)
+  for (const auto& t : kGgmlTypes)
     w.tensor("t" + std::to_string(t.id), t.id, {t.elems, 2}, std::vector<std::byte>(2 * t.bytes, std::byte{0}));
   const auto f = gguf::File::from_bytes(w.build());
   CHECK(f.tensor("empty").elements() == 0);
   CHECK(f.tensor("empty").bytes == 0);
   CHECK(f.dequantize(f.tensor("empty")).empty());
-  for (const auto& t : types) {
+  for (const auto& t : kGgmlTypes) {
     const auto& ti = f.tensor("t" + std::to_string(t.id));
     CHECK(ti.type == t.type);
     CHECK(ti.bytes == 2 * t.bytes);
     CHECK(f.dequantize(ti) == std::vector<float>(2 * t.elems, 0.0f));
+  }
+}
+
+TEST_CASE("block-type tensors with partial blocks or short data are refused", "[io][gguf]") {
+  for (const auto& t : kGgmlTypes) {
+    const DTypeInfo ti = info(t.type);
+    if (ti.block_elems == 1) continue;
+    INFO("type " << ti.name);
+    GgufWriter partial;
+    partial.tensor("w", t.id, {t.elems + t.elems / 2, 2}, std::vector<std::byte>(3 * t.bytes));
+    CHECK_THROWS_AS(gguf::File::from_bytes(partial.build()), FormatError);
+    CHECK_THROWS_WITH(gguf::File::from_bytes(partial.build()),
+                      Catch::Contains("'w'") &&
+                          Catch::Contains(detail::cat("first dimension ", t.elems + t.elems / 2, " of a ", ti.name,
+                                                      " tensor is not a multiple of its block size ", t.elems)));
+    // Two rows of blocks, the file cut a byte short of their end: the data runs past the end of the file.
+    GgufWriter whole;
+    whole.tensor("w", t.id, {t.elems, 2}, std::vector<std::byte>(2 * t.bytes));
+    GgufLayout l;
+    auto cut = whole.build(&l);
+    REQUIRE_NOTHROW(gguf::File::from_bytes(cut));
+    cut.resize(l.tensor("w").data_at + 2 * t.bytes - 1);
+    CHECK_THROWS_AS(gguf::File::from_bytes(cut), FormatError);
+    CHECK_THROWS_WITH(gguf::File::from_bytes(cut),
+                      Catch::Contains("'w'") && Catch::Contains(detail::cat("(", 2 * t.bytes, " bytes")) &&
+                          Catch::Contains("past the end"));
   }
 }
 

@@ -56,7 +56,7 @@ std::vector<std::byte> q_block(std::size_t bytes, std::uint8_t seed) {
   return b;
 }
 
-/// A few valid files covering every value type, nesting, tensors of several types, v2 and v3.
+/// A few valid files covering every value type, nesting, tensors of every supported type, v2 and v3.
 std::vector<std::pair<std::vector<std::byte>, GgufLayout>> corpus() {
   std::vector<std::pair<std::vector<std::byte>, GgufLayout>> out;
   {
@@ -93,6 +93,10 @@ std::vector<std::pair<std::vector<std::byte>, GgufLayout>> corpus() {
     GgufWriter w(3);
     w.add("c.deep", arr(ValueType::array, {arr(ValueType::array, {arr(ValueType::string, {str("deep")})})}));
     w.tensor("q40", 2, {32}, q_block(18, 8));
+    w.tensor("q50", 6, {32}, q_block(22, 9));
+    w.tensor("q51", 7, {32}, q_block(24, 10));
+    w.tensor("iq4nl", 20, {32}, q_block(18, 11));
+    w.tensor("iq4xs", 23, {256}, q_block(136, 12));
     GgufLayout l;
     auto b = w.build(&l);
     out.emplace_back(std::move(b), std::move(l));
@@ -179,7 +183,7 @@ TEST_CASE("counts, lengths and offsets overwritten with huge or edge values", "[
                                     std::uint64_t{1} << 63,
                                     ~std::uint64_t{0} - 31,
                                     ~std::uint64_t{0}};
-  const std::uint32_t values32[] = {0, 1, 4, 5, 8, 9, 12, 13, 14, 15, 30, 31, 0x7fffffffu, 0xffffffffu};
+  const std::uint32_t values32[] = {0, 1, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 20, 23, 30, 31, 0x7fffffffu, 0xffffffffu};
   Outcome o;
   int cases = 0;
   for (const auto& [bytes, layout] : corpus()) {

@@ -1,11 +1,12 @@
 // CPU dequantization of every GGUF block type: hand-built blocks with hand-computed values, then
-// gguf-py's dequantization of random blocks (tests/fixtures/quant/random_blocks.json).
+// gguf-py's dequantization of random blocks (tests/fixtures/quant/random_blocks.json), bit for bit.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -55,9 +56,13 @@ DType dtype_named(const std::string& s) {
   if (s == "Q8_0") return DType::q8_0;
   if (s == "Q4_0") return DType::q4_0;
   if (s == "Q4_1") return DType::q4_1;
+  if (s == "Q5_0") return DType::q5_0;
+  if (s == "Q5_1") return DType::q5_1;
   if (s == "Q4_K") return DType::q4_k;
   if (s == "Q5_K") return DType::q5_k;
   if (s == "Q6_K") return DType::q6_k;
+  if (s == "IQ4_NL") return DType::iq4_nl;
+  if (s == "IQ4_XS") return DType::iq4_xs;
   FAIL("unknown type in fixture: " << s);
   return DType::f32;
 }
@@ -118,6 +123,100 @@ TEST_CASE("Q4_1: d = 0.5, m = -1, codes 0..15", "[quant]") {
   CHECK(v[15] == 6.5f);
   CHECK(v[16] == 6.5f);
   CHECK(v[31] == -1.0f);
+}
+
+// Q5_0 / Q5_1 fifth bits used below: qh = 0xFF00F00F as bytes 0F F0 00 FF, so values 0-3, 12-15 and
+// 24-31 have their fifth bit set.
+constexpr unsigned kQh[4] = {0x0F, 0xF0, 0x00, 0xFF};
+bool fifth_bit(int j) { return (0xFF00F00Fu >> j) & 1u; }
+
+TEST_CASE("Q5_0: value = d * (q - 16), bit j of qh is value j's fifth bit", "[quant]") {
+  Bytes b;
+  b.u16(0x4000);  // d = 2
+  for (unsigned x : kQh) b.u8(x);
+  for (unsigned j = 0; j < 16; ++j) b.u8(j | ((15 - j) << 4));
+  REQUIRE(b.b.size() == 22);
+  const auto v = run(DType::q5_0, b.b, 32);
+  for (int j = 0; j < 32; ++j) {
+    const int q = (j < 16 ? j : 31 - j) + (fifth_bit(j) ? 16 : 0);
+    CHECK(v[j] == 2.0f * static_cast<float>(q - 16));
+  }
+  CHECK(v[0] == 0.0f);     // q = 0 + 16
+  CHECK(v[4] == -24.0f);   // q = 4, no fifth bit
+  CHECK(v[15] == 30.0f);   // q = 15 + 16
+  CHECK(v[16] == -2.0f);   // high nibble of byte 0 = 15, no fifth bit
+  CHECK(v[24] == 14.0f);   // high nibble of byte 8 = 7, + 16
+  CHECK(v[31] == 0.0f);    // high nibble of byte 15 = 0, + 16
+}
+
+TEST_CASE("Q5_1: value = d * q + m, q 5 bits as Q5_0's", "[quant]") {
+  Bytes b;
+  b.u16(0x3800).u16(0xBC00);  // d = 0.5, m = -1
+  for (unsigned x : kQh) b.u8(x);
+  for (unsigned j = 0; j < 16; ++j) b.u8(j | ((15 - j) << 4));
+  REQUIRE(b.b.size() == 24);
+  const auto v = run(DType::q5_1, b.b, 32);
+  for (int j = 0; j < 32; ++j) {
+    const int q = (j < 16 ? j : 31 - j) + (fifth_bit(j) ? 16 : 0);
+    CHECK(v[j] == 0.5f * static_cast<float>(q) - 1.0f);
+  }
+  CHECK(v[0] == 7.0f);
+  CHECK(v[4] == 1.0f);
+  CHECK(v[15] == 14.5f);
+  CHECK(v[16] == 6.5f);
+  CHECK(v[31] == 7.0f);
+}
+
+// IQ4_NL's levels as llama.cpp defines them (kvalues_iq4nl), written out here rather than taken from the
+// library so that a wrong table there fails.
+constexpr float kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+TEST_CASE("iq4nl_level looks up the 16 IQ4_NL levels", "[quant]") {
+  for (int q = 0; q < 16; ++q) {
+    CHECK(static_cast<float>(quant::iq4nl_level(q)) == kIq4Levels[q]);
+    CHECK(quant::iq4nl_level(q) == quant::kIq4NlLevels[q]);
+  }
+}
+
+TEST_CASE("IQ4_NL: value = d * level[q], nibbles as Q4_0's", "[quant]") {
+  Bytes b;
+  b.u16(0x3800);  // d = 0.5
+  for (unsigned j = 0; j < 16; ++j) b.u8(j | ((15 - j) << 4));
+  const auto v = run(DType::iq4_nl, b.b, 32);
+  for (int j = 0; j < 16; ++j) {
+    CHECK(v[j] == 0.5f * kIq4Levels[j]);
+    CHECK(v[16 + j] == 0.5f * kIq4Levels[15 - j]);
+  }
+  CHECK(v[0] == -63.5f);
+  CHECK(v[8] == 0.5f);
+  CHECK(v[15] == 56.5f);
+  CHECK(v[16] == 56.5f);
+  CHECK(v[31] == -63.5f);
+}
+
+TEST_CASE("IQ4_XS: value = (d * (ls_s - 32)) * level[q], 6-bit ls from scales_l and scales_h", "[quant]") {
+  // Sub-block scales ls = 0 1 31 32 33 47 48 63 (dl = d * -32 -31 -1 0 1 15 16 31), packed by hand:
+  //   low nibbles 0 1 15 0 1 15 0 15, two per byte, sub-block 2k low -> scales_l = 10 0F F1 F0
+  //   bits 4-5    0 0 1 2 2 2 3 3, at bits 2s..2s+1 -> scales_h = 0b11'11'10'10'10'01'00'00 = 0xFA90
+  constexpr float kDl[8] = {-32, -31, -1, 0, 1, 15, 16, 31};
+  Bytes b;
+  b.u16(0x3400).u16(0xFA90);  // d = 0.25
+  for (unsigned x : {0x10u, 0x0Fu, 0xF1u, 0xF0u}) b.u8(x);
+  for (unsigned i = 0; i < 128; ++i) b.u8(i);  // byte i: low nibble i % 16, high nibble i / 16
+  REQUIRE(b.b.size() == 136);
+  const auto v = run(DType::iq4_xs, b.b, 256);
+  // Sub-block s reads bytes 16s + l % 16: low nibbles (l) for l < 16, high nibbles (s) above.
+  for (int s = 0; s < 8; ++s)
+    for (int l = 0; l < 32; ++l) {
+      const int q = l < 16 ? l : s;
+      CHECK(v[32 * s + l] == (0.25f * kDl[s]) * kIq4Levels[q]);
+    }
+  CHECK(v[0] == 1016.0f);           // s=0: -8 * -127
+  CHECK(v[31] == 1016.0f);          // s=0, high nibble 0
+  CHECK(v[72] == -0.25f);           // s=2, l=8: -0.25 * 1
+  CHECK(v[101] == 0.0f);            // s=3: ls = 32
+  CHECK(v[180] == -131.25f);        // s=5, l=20: 3.75 * -35
+  CHECK(v[239] == 875.75f);         // s=7, l=15: 7.75 * 113
 }
 
 TEST_CASE("Q4_K: value = d * scale_s * q - dmin * min_s", "[quant]") {
@@ -211,6 +310,28 @@ TEST_CASE("F16, BF16 and F32 decode exactly", "[quant]") {
   CHECK(f32[1] == 3e38f);
 }
 
+TEST_CASE("every block type refuses partial blocks and source sizes that disagree", "[quant]") {
+  for (DType t : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::q4_k, DType::q5_k,
+                  DType::q6_k, DType::iq4_nl, DType::iq4_xs}) {
+    const DTypeInfo ti = info(t);
+    INFO("type " << ti.name);
+    std::vector<float> one_block(ti.block_elems);
+    for (std::size_t bytes : {std::size_t{0}, std::size_t{ti.block_bytes} - 1, std::size_t{ti.block_bytes} + 1}) {
+      const std::vector<std::byte> src(bytes);
+      CHECK_THROWS_AS(kernels::cpu::dequantize(t, src, one_block), InvalidArgument);
+      CHECK_THROWS_WITH(kernels::cpu::dequantize(t, src, one_block),
+                        Catch::Contains(std::string(ti.name)) &&
+                            Catch::Contains(std::to_string(ti.block_bytes) + " bytes, but the source holds " +
+                                            std::to_string(bytes)));
+    }
+    std::vector<float> partial(ti.block_elems + 8);
+    CHECK_THROWS_AS(kernels::cpu::dequantize(t, std::vector<std::byte>(ti.block_bytes), partial), InvalidArgument);
+    CHECK_THROWS_WITH(kernels::cpu::dequantize(t, std::vector<std::byte>(ti.block_bytes), partial),
+                      Catch::Contains(std::string(ti.name)) &&
+                          Catch::Contains("not a multiple of the block size " + std::to_string(ti.block_elems)));
+  }
+}
+
 TEST_CASE("dequantize rejects sizes that disagree", "[quant]") {
   std::vector<float> out(32);
   std::vector<std::byte> src(33);
@@ -279,15 +400,17 @@ TEST_CASE("gguf-py dequantization of random blocks of every type", "[quant]") {
     const auto expected = c.at("values").get<std::vector<double>>();
     REQUIRE(src.size() == *row_bytes(t, expected.size()));
     const auto got = run(t, src, expected.size());
+    // gguf-py computes in f32 with the same operations in the same order, so every value must be equal to
+    // the bit (the sign of zero included); the JSON's doubles are those f32 values, which is checked too.
     int bad = 0;
     for (std::size_t i = 0; i < expected.size(); ++i) {
-      const double e = expected[i], g = got[i];
-      if (!(std::fabs(g - e) <= 1e-6 * std::fabs(e))) {
-        if (++bad <= 5) FAIL_CHECK("value " << i << ": got " << g << ", expected " << e);
-      }
+      const auto e = static_cast<float>(expected[i]);
+      REQUIRE(static_cast<double>(e) == expected[i]);
+      if (std::memcmp(&e, &got[i], sizeof e) != 0 && ++bad <= 5)
+        FAIL_CHECK("value " << i << ": got " << std::setprecision(9) << got[i] << ", expected " << e);
     }
     CHECK(bad == 0);
     ++types;
   }
-  CHECK(types == 9);
+  CHECK(types == 13);
 }
