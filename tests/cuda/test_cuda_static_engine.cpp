@@ -2,11 +2,13 @@
 // kernels serve it; the checks are the paged engine's: every greedy token the CPU reference's choice or a
 // near-tie under the derived bound (replay_greedy, support/rounding_noise.hpp), slots refilled as requests
 // finish, typed refusals with the Shape's numbers, every slot free afterwards, graph replays bit for bit
-// equal to eager steps of the same shape, and no step regrowing the buffers its graphs point into.
+// equal to eager steps of the same shape, and no step regrowing the buffers its graphs point into; and
+// infer::LLM (infer-generate) on the cuda backend with either engine.
 #include <catch2/catch.hpp>
 
 #include <random>
 
+#include "infer/engine/llm.hpp"
 #include "infer/engine/presets.hpp"
 #include "infer/model/dummy.hpp"
 #include "support/cuda_test_support.hpp"
@@ -97,4 +99,32 @@ TEST_CASE("StaticEngine<cuda>: graph replays compute bit for bit what eager step
   }
   check_all_blocks_free(graphed);
   check_all_blocks_free(eager);
+}
+
+// The offline API on the GPU (what infer-generate --backend cuda runs): both engines, greedy, on SmolLM2's
+// committed prompts, every token checked against the CPU reference, which equals HF transformers' exactly.
+TEST_CASE("infer::LLM on the cuda backend: greedy tokens on SmolLM2 are the CPU reference's (HF's) or near-ties",
+          "[cuda][engine][llm]") {
+  const auto ref = read_json("smollm2/generate_reference.json");
+  std::vector<Tokens> prompts;
+  for (const auto& c : ref["cases"]) prompts.push_back(c["prompt_ids"].get<Tokens>());
+  for (const char* kind : {"paged", "static"}) {
+    INFO(kind);
+    LlmOptions o;
+    o.engine = kind;
+    o.progress = o.summary = false;
+    o.engine_options.kv_cache_bytes = std::size_t{1} << 30;  // paged: a fixed pool; static: room for its Shape
+    LLM llm(ModelSpec{.model = default_model(), .backend = "cuda"}, o);
+    CHECK(llm.info().backend == "cuda");
+    CHECK(llm.info().kind == kind);
+    SamplingParams p = greedy_params(ref["new_tokens"].get<std::int32_t>());
+    p.logprobs = 3;
+    const auto done = llm.generate_ids(prompts, p);
+    std::vector<GreedyOutput> outputs;
+    for (std::size_t i = 0; i < done.size(); ++i)
+      outputs.push_back({prompts[i], done[i].outputs.at(0).token_ids, done[i].outputs.at(0).logprobs});
+    check_replay(ModelSource::open(default_model()), outputs, detail::cat("LLM, cuda, ", kind).c_str());
+    const KvStats kv = llm.kv_stats();
+    CHECK(kv.free_blocks == kv.total_blocks);
+  }
 }
