@@ -44,7 +44,8 @@ struct ModelFlags {
   std::string dummy;       ///< or a dummy shape: a preset name or a config.json
   std::uint64_t dummy_seed = 0;
   std::string backend = "auto";  ///< cpu, cuda, or auto: the GPU when one is present
-  std::string engine = "paged";     ///< paged, or static (StaticEngine, default_static_shape)
+  std::string engine = "paged";     ///< paged, or static (StaticEngine of `shape`)
+  Shape shape = default_static_shape;  ///< the static engine's slots
   std::string quantizer = "auto";  ///< cuda: auto (GGUF blocks in place) or bf16
   bool enforce_eager = false;
   double gpu_memory_utilization = 0.9;
@@ -62,8 +63,11 @@ struct ModelFlags {
     app.add_option("--dummy-seed", dummy_seed, "seed of the dummy weights");
     app.add_option("--backend", backend, "cuda, cpu or auto (the GPU when one is present)")
         ->check(CLI::IsMember({"cuda", "cpu", "auto"}));
-    app.add_option("--engine", engine, "paged (vLLM's way) or static (TensorRT-LLM's way: 8 slots of 1024 + 512 tokens)")
+    app.add_option("--engine", engine, "paged (vLLM's way) or static (TensorRT-LLM's way: fixed slots)")
         ->check(CLI::IsMember({"paged", "static"}));
+    app.add_option("--max-batch", shape.max_batch, "static engine: slots (sequences at once)");
+    app.add_option("--max-input", shape.max_input, "static engine: longest prompt");
+    app.add_option("--max-output", shape.max_output, "static engine: most tokens generated");
     app.add_option("--quantizer", quantizer, "cuda: auto (GGUF blocks used in place) or bf16 (everything bf16)")
         ->check(CLI::IsMember({"auto", "bf16"}));
     app.add_flag("--enforce-eager", enforce_eager, "cuda: run every step eagerly (no CUDA graphs)");
@@ -94,11 +98,16 @@ struct ModelFlags {
     o.enforce_eager = enforce_eager;
     o.scheduler.max_num_seqs = max_num_seqs;
     o.scheduler.max_num_batched_tokens = std::max(max_num_batched_tokens, o.max_model_len);
+    o.static_shape = shape;
     return o;
   }
 
   [[nodiscard]] nlohmann::json settings() const {
     return {{"model", model_label()},          {"backend", backend},   {"engine", engine},
+            {"static_shape", engine == "static" ? nlohmann::json{{"max_batch", shape.max_batch},
+                                                                  {"max_input", shape.max_input},
+                                                                  {"max_output", shape.max_output}}
+                                                : nlohmann::json(nullptr)},
             {"quantizer", quantizer},          {"cuda_graphs", backend == "cuda" && !enforce_eager},
             {"gpu_memory_utilization", gpu_memory_utilization},
             {"max_num_seqs", max_num_seqs},    {"max_num_batched_tokens", max_num_batched_tokens},

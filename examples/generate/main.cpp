@@ -108,6 +108,9 @@ int main(int argc, char** argv) {
   app.add_option("--engine", opt.engine, "paged (continuous batching) or static (fixed shape)")
       ->check(CLI::IsMember({"paged", "static"}));
   app.add_option("--block-size", opt.block_size, "paged engine: tokens per KV block (8, 16, 32)");
+  app.add_option("--max-batch", opt.engine_options.static_shape.max_batch, "static engine: slots (sequences at once)");
+  app.add_option("--max-input", opt.engine_options.static_shape.max_input, "static engine: longest prompt");
+  app.add_option("--max-output", opt.engine_options.static_shape.max_output, "static engine: most tokens generated");
   app.add_option("--kv-cache-memory", kv_memory, "KV cache size, e.g. 512M, 2G (default: 512M paged; the shape's need, static)");
   app.add_option("--max-model-len", opt.engine_options.max_model_len, "longest prompt + output (0 = the model's)");
   app.add_option("--max-num-seqs", opt.engine_options.scheduler.max_num_seqs, "sequences per step at most");
@@ -198,6 +201,10 @@ int main(int argc, char** argv) {
              {"backend", spec.backend},
              {"engine", opt.engine},
              {"block_size", opt.engine == "paged" ? json(opt.block_size) : json(nullptr)},
+             {"static_shape", opt.engine == "static" ? json{{"max_batch", llm.info().max_num_seqs},
+                                                           {"max_input", llm.info().max_input},
+                                                           {"max_output", llm.info().max_output}}
+                                                     : json(nullptr)},
              {"results", items},
              {"summary", {{"requests", sum.requests}, {"prompt_tokens", sum.prompt_tokens},
                           {"cached_prompt_tokens", sum.cached_prompt_tokens}, {"output_tokens", sum.output_tokens},

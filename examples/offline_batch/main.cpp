@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--engine", opt.engine, "paged (continuous batching) or static (fixed shape)")
       ->check(CLI::IsMember({"paged", "static"}));
+  app.add_option("--max-batch", opt.engine_options.static_shape.max_batch, "static engine: slots (sequences at once)");
+  app.add_option("--max-input", opt.engine_options.static_shape.max_input, "static engine: longest prompt");
+  app.add_option("--max-output", opt.engine_options.static_shape.max_output, "static engine: most tokens generated");
   app.add_option("--prompts", num_prompts, "prompts in all, half of each question")->check(CLI::Range(2, 100000));
   app.add_option("--max-tokens", sp.max_tokens, "tokens per answer at most");
   app.add_option("--show", shown, "answers to print")->check(CLI::NonNegativeNumber);

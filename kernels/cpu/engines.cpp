@@ -6,7 +6,7 @@ namespace infer {
 template class Engine<cpu, llama, PagedBlockAllocator<8>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
 template class Engine<cpu, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
 template class Engine<cpu, llama, PagedBlockAllocator<32>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
-template class Engine<cpu, llama, ContiguousAllocator<default_static_shape>,
-                      StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, F32>;
+template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
+                      StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, F32>;
 
 }  // namespace infer

@@ -6,9 +6,9 @@ namespace infer {
 
 template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, GgufInPlace>;
 template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, Bf16>;
-template class Engine<cuda, llama, ContiguousAllocator<default_static_shape>,
-                      StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, GgufInPlace>;
-template class Engine<cuda, llama, ContiguousAllocator<default_static_shape>,
-                      StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, Bf16>;
+template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
+                      StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, GgufInPlace>;
+template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
+                      StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Bf16>;
 
 }  // namespace infer

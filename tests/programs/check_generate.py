@@ -50,6 +50,18 @@ for engine in ("paged", "static"):
     check(kv["after_run"]["free_blocks"] == kv["after_run"]["total_blocks"], f"{engine}: every block free after the run")
     check("infer: 3 requests" in r.stderr and "output tok/s" in r.stderr, f"{engine}: summary line on stderr")
 
+# the static engine at a shape given on the command line: 3 prompts in 2 slots (a refill), tokens as paged's
+args = [c["text"] for c in cases] + ["--temperature", "0", "--ignore-eos", "--max-tokens", "8", "--json"]
+r = run(*args, "--engine", "static", "--max-batch", "2", "--max-input", "16", "--max-output", "8")
+doc = json.loads(r.stdout) if r.returncode == 0 else {}
+check(doc.get("static_shape") == {"max_batch": 2, "max_input": 16, "max_output": 8}, f"--json names the shape: {doc.get('static_shape')}")
+check(r.returncode == 0 and [x["outputs"][0]["token_ids"] for x in doc["results"]] == [c["greedy_ids"][:8] for c in cases],
+      "static engine at --max-batch 2 --max-input 16 --max-output 8: HF's greedy tokens")
+check(r.returncode == 0 and doc["kv_cache"]["after_run"]["free_blocks"] == doc["kv_cache"]["after_run"]["total_blocks"] == 4,
+      f"2 slots of 24 tokens, two 16-token blocks each, all free after the run: {doc.get('kv_cache', {}).get('after_run')}")
+r = run("x", "--engine", "static", "--max-batch", "0")
+check(r.returncode == 1 and "max_batch is 0" in r.stderr, f"a shape no engine can be built for: {r.stderr!r}")
+
 # a plain-text run, n > 1 with a seed: reproducible
 args = ["Once upon a time", "--n", "2", "--seed", "7", "--temperature", "0.9", "--max-tokens", "12", "--json"]
 a, b = run(*args), run(*args)

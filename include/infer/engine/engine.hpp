@@ -63,19 +63,22 @@ template <class A>
 A make_allocator(const EngineOptions& o, std::size_t kv_bytes_per_token, std::int32_t max_model_len,
                  std::size_t default_bytes) {
   using detail::cat;
-  if constexpr (requires { A::shape; }) {
-    const std::size_t need = A::required_bytes(kv_bytes_per_token);
+  if constexpr (requires(const A& a) { a.shape(); }) {
+    A alloc = [&] {
+      if constexpr (requires { A(o.static_shape); }) return A(o.static_shape);
+      else return A{};
+    }();
+    const Shape s{alloc.shape().max_batch, alloc.shape().max_input, alloc.shape().max_output};
+    const std::size_t need = alloc.required_bytes(kv_bytes_per_token);
     if (o.kv_cache_bytes != 0 && o.kv_cache_bytes < need)
       throw InvalidArgument(cat("KV cache of ", o.kv_cache_bytes, " bytes is too small for this static engine: its ",
-                                A::shape.max_batch, " slots of ", A::shape.max_input + A::shape.max_output,
-                                " tokens need ", need, " bytes; raise kv_cache_bytes (--kv-cache-memory) or build a "
-                                "smaller Shape"));
-    const std::int32_t capacity = A::shape.max_input + A::shape.max_output;
-    if (capacity > max_model_len)
-      throw InvalidArgument(cat("this static engine's slots hold max_input + max_output = ", capacity,
+                                s.max_batch, " slots of ", s.capacity(), " tokens need ", need,
+                                " bytes; raise kv_cache_bytes (--kv-cache-memory) or build a smaller Shape"));
+    if (s.capacity() > max_model_len)
+      throw InvalidArgument(cat("this static engine's slots hold max_input + max_output = ", s.capacity(),
                                 " tokens, more than the model's context of ", max_model_len,
                                 " tokens; build a Shape that fits or raise max_model_len"));
-    return A{};
+    return alloc;
   } else {
     const std::size_t bytes = o.kv_cache_bytes ? o.kv_cache_bytes : default_bytes;
     const std::int32_t blocks = A::blocks_for_budget(bytes, kv_bytes_per_token);
@@ -145,6 +148,7 @@ class Engine {
       else if (v != *eos_id_) extra_eos_ids_.push_back(v);
     }
     sampler_ = Sampler(eos_id_);
+    if constexpr (kBoundsFromAllocator && requires { model_.reserve(step_bounds()); }) model_.reserve(step_bounds());
     if constexpr (requires { model_.prepare(cache_, max_model_len_, true); })
       model_.prepare(cache_, max_model_len_, !options_.enforce_eager);  // GPU: tables, workspace, graphs
   }
@@ -384,21 +388,36 @@ class Engine {
     std::int32_t unfinished = 0;
   };
 
-  /// The largest step the scheduler plans (`S::bounds<A>()`); a scheduler that does not say is taken to
-  /// keep to the options' token budget and sequence limit.
+  /// A fixed-shape allocator's bounds come from its shape (`S::bounds(alloc)`), so the allocator must exist;
+  /// a paged one's from the scheduler's configuration (`S::bounds()`), known before the KV pool is sized.
+  static constexpr bool kBoundsFromAllocator = requires(const S& s, const A& a) {
+    { s.bounds(a) } -> std::same_as<StepBounds>;
+  };
+
+  /// The largest step the scheduler plans; a scheduler that does not say is taken to keep to the options'
+  /// token budget and sequence limit.
   [[nodiscard]] StepBounds step_bounds() const {
-    if constexpr (requires { { scheduler_.template bounds<A>() } -> std::same_as<StepBounds>; })
-      return scheduler_.template bounds<A>();
+    if constexpr (kBoundsFromAllocator)
+      return scheduler_.bounds(alloc_);
+    else if constexpr (requires { { scheduler_.bounds() } -> std::same_as<StepBounds>; })
+      return scheduler_.bounds();
     else
       return {options_.scheduler.max_num_batched_tokens, options_.scheduler.max_num_seqs};
   }
 
   /// The KV budget when options give none. A GPU model first reserves the activations of the largest
-  /// step, then says what gpu_memory_utilization leaves; the CPU takes a fixed default.
+  /// step, then says what gpu_memory_utilization leaves; the CPU takes a fixed default. A fixed-shape
+  /// allocator needs no budget (its shape says what it takes); its model reserves once the allocator exists.
   std::size_t kv_budget() {
-    if constexpr (requires { model_.reserve(step_bounds()); }) model_.reserve(step_bounds());
-    if constexpr (requires { model_.default_kv_cache_bytes(options_); }) return model_.default_kv_cache_bytes(options_);
-    else return EngineOptions::default_paged_kv_bytes;
+    if constexpr (kBoundsFromAllocator) {
+      return 0;
+    } else {
+      if constexpr (requires { model_.reserve(step_bounds()); }) model_.reserve(step_bounds());
+      if constexpr (requires { model_.default_kv_cache_bytes(options_); })
+        return model_.default_kv_cache_bytes(options_);
+      else
+        return EngineOptions::default_paged_kv_bytes;
+    }
   }
 
   static constexpr bool kDeviceArgmax =

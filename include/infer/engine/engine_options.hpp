@@ -1,12 +1,14 @@
 #pragma once
 /// \file
 /// Runtime options of an `Engine`: what vLLM exposes as engine arguments. Everything that is a
-/// template parameter (block size, static shape, policies) is chosen by the Engine's type instead.
+/// template parameter (block size, policies, a static shape fixed at compile time) is chosen by the
+/// Engine's type instead.
 
 #include <cstddef>
 #include <cstdint>
 
 #include "infer/core/error.hpp"
+#include "infer/memory/shape.hpp"
 #include "infer/sched/scheduler_config.hpp"
 
 namespace infer {
@@ -35,6 +37,9 @@ struct EngineOptions {
   /// host path: they need the whole row.
   bool device_sampling = true;
   SchedulerConfig scheduler;
+  /// The static engine's slots when its type takes the shape at run time (StaticEngine<B, kShapeAtRuntime>:
+  /// what the registry and the programs' --max-batch/--max-input/--max-output build); unused otherwise.
+  Shape static_shape = default_static_shape;
 
   void validate() const {
     require<InvalidArgument>(max_model_len >= 0, "max_model_len = ", max_model_len, " must be >= 0 (0 = the model's)");

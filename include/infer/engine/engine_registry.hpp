@@ -10,9 +10,9 @@
 /// | backend | engine   | compiled                                                              |
 /// | ------- | -------- | --------------------------------------------------------------------- |
 /// | cpu     | paged    | PagedEngine<cpu, 8 / 16 / 32> (F32)                                   |
-/// | cpu     | static   | StaticEngine<cpu> (default_static_shape, F32)                         |
+/// | cpu     | static   | StaticEngine<cpu, kShapeAtRuntime> (the shape in EngineOptions), F32  |
 /// | cuda    | paged    | PagedEngine<cuda, 16>, quantizer auto (GgufInPlace) or bf16 (Bf16)    |
-/// | cuda    | static   | StaticEngine<cuda> (default_static_shape), quantizer auto or bf16     |
+/// | cuda    | static   | StaticEngine<cuda, kShapeAtRuntime>, quantizer auto or bf16           |
 ///
 /// Each of these is instantiated once, in kernels/ (engines_cpu.cpp, cuda/engines_cuda.cpp), and declared
 /// `extern template` here, so a program that includes this header compiles none of them again.
@@ -92,11 +92,12 @@ class EngineAdapter final : public EngineHandle {
     i.backend = std::is_same_v<typename E::backend, cuda> ? "cuda" : "cpu";
     i.max_model_len = engine_.max_model_len();
     i.vocab_size = static_cast<std::int64_t>(engine_.config().vocab_size);
-    if constexpr (requires { A::shape; }) {
+    if constexpr (requires(const A& a) { a.shape(); }) {
+      const Shape shape = engine_.allocator().shape();
       i.kind = "static";
-      i.max_input = A::shape.max_input;
-      i.max_output = A::shape.max_output;
-      i.max_num_seqs = A::shape.max_batch;
+      i.max_input = shape.max_input;
+      i.max_output = shape.max_output;
+      i.max_num_seqs = shape.max_batch;
     } else {
       i.kind = "paged";
       i.block_size = engine_.kv_stats().block_size;
@@ -212,14 +213,14 @@ decltype(auto) with_engine_type(std::string_view backend, const LlmOptions& opti
 #if defined(INFER_HAVE_CUDA)
     const bool bf16 = options.quantizer == "bf16";
     if (!paged)
-      return bf16 ? body.template operator()<StaticEngine<cuda, default_static_shape, Bf16>>()
-                  : body.template operator()<StaticEngine<cuda>>();
+      return bf16 ? body.template operator()<StaticEngine<cuda, kShapeAtRuntime, Bf16>>()
+                  : body.template operator()<StaticEngine<cuda, kShapeAtRuntime>>();
     return bf16 ? body.template operator()<PagedEngine<cuda, 16, Bf16>>() : body.template operator()<PagedEngine<cuda, 16>>();
 #else
     throw DeviceError("backend cuda: this build has no CUDA backend; use --backend cpu");
 #endif
   }
-  if (!paged) return body.template operator()<StaticEngine<cpu>>();
+  if (!paged) return body.template operator()<StaticEngine<cpu, kShapeAtRuntime>>();
   if (options.block_size == 8) return body.template operator()<PagedEngine<cpu, 8>>();
   if (options.block_size == 32) return body.template operator()<PagedEngine<cpu, 32>>();
   return body.template operator()<PagedEngine<cpu, 16>>();
@@ -240,15 +241,15 @@ inline std::unique_ptr<EngineHandle> make_engine(const ModelSpec& spec, const Ll
 extern template class Engine<cpu, llama, PagedBlockAllocator<8>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
 extern template class Engine<cpu, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
 extern template class Engine<cpu, llama, PagedBlockAllocator<32>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
-extern template class Engine<cpu, llama, ContiguousAllocator<default_static_shape>,
-                             StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, F32>;
+extern template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
+                             StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, F32>;
 #if defined(INFER_HAVE_CUDA)
 extern template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, GgufInPlace>;
 extern template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, Bf16>;
-extern template class Engine<cuda, llama, ContiguousAllocator<default_static_shape>,
-                             StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, GgufInPlace>;
-extern template class Engine<cuda, llama, ContiguousAllocator<default_static_shape>,
-                             StaticBatchScheduler<default_static_shape.max_batch>, FusedContiguousAttention<>, Bf16>;
+extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
+                             StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, GgufInPlace>;
+extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
+                             StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Bf16>;
 #endif
 
 }  // namespace infer

@@ -35,7 +35,7 @@ inline std::size_t parse_memory_size(const std::string& s, const std::string& wh
 /// Which compiled engine runs a model and how (engine_registry.hpp maps these to a type), and what the
 /// offline API does around it.
 struct LlmOptions {
-  std::string engine = "paged";    ///< "paged" (PagedEngine) or "static" (StaticEngine, default_static_shape)
+  std::string engine = "paged";    ///< "paged" (PagedEngine) or "static" (StaticEngine of engine_options.static_shape)
   std::int32_t block_size = 16;    ///< paged engine: 8, 16 or 32 on the CPU; 16 on CUDA
   std::string quantizer = "auto";  ///< cuda: "auto" (GGUF blocks used in place, else bf16) or "bf16"
   EngineOptions engine_options;

@@ -33,9 +33,8 @@ using default_quantizer = std::conditional_t<std::is_same_v<B, cuda>, GgufInPlac
 template <class B = cpu, std::int32_t BlockSize = 16, class Q = default_quantizer<B>>
 using PagedEngine = Engine<B, llama, PagedBlockAllocator<BlockSize>, ContinuousBatchScheduler<>, PagedAttention<>, Q>;
 
-/// The static engine's shape when none is given: 8 slots of 1024 prompt + 512 generated tokens.
-inline constexpr Shape default_static_shape{.max_batch = 8, .max_input = 1024, .max_output = 512};
-
+/// A static engine of `S` slots; `S = kShapeAtRuntime` takes its shape from EngineOptions::static_shape
+/// (its scheduler then runs as many sequences as the shape has slots).
 template <class B = cpu, Shape S = default_static_shape, class Q = default_quantizer<B>>
 using StaticEngine =
     Engine<B, llama, ContiguousAllocator<S>, StaticBatchScheduler<S.max_batch>, FusedContiguousAttention<>, Q>;

@@ -1,8 +1,11 @@
 #pragma once
 /// \file
-/// `Shape`: the sizes a static-shape engine is built for. It is a structural type, so a shape is a
-/// template argument (`ContiguousAllocator<Shape{.max_batch = 8, .max_input = 1024, .max_output = 512}>`)
-/// and every buffer, kernel launch and captured graph of that engine can depend on it at compile time.
+/// `Shape`: the sizes a static-shape engine is built for. It is a structural type, so a shape can be a
+/// template argument (`ContiguousAllocator<Shape{.max_batch = 8, .max_input = 1024, .max_output = 512}>`),
+/// fixed when the program is compiled; or, with `kShapeAtRuntime` as the argument, a value the engine
+/// takes when it is built (EngineOptions::static_shape: a program's --max-batch/--max-input/--max-output),
+/// as TensorRT-LLM builds an engine for the shape its user names. Either way every buffer and captured
+/// graph of that engine is sized once, from the shape, before the first request.
 
 #include <cstdint>
 
@@ -19,5 +22,11 @@ struct Shape {
   }
   friend constexpr bool operator==(const Shape&, const Shape&) = default;
 };
+
+/// The template argument of an engine whose shape is given when it is built (EngineOptions::static_shape).
+inline constexpr Shape kShapeAtRuntime{.max_batch = 0, .max_input = 0, .max_output = 0};
+
+/// The static engine's shape when none is given: 8 slots of 1024 prompt + 512 generated tokens.
+inline constexpr Shape default_static_shape{.max_batch = 8, .max_input = 1024, .max_output = 512};
 
 }  // namespace infer

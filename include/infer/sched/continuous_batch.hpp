@@ -136,7 +136,6 @@ class ContinuousBatchScheduler {
 
   [[nodiscard]] const SchedulerConfig& config() const noexcept { return config_; }
   /// The token budget and the sequence limit of the configuration: no step plans more.
-  template <class A>
   [[nodiscard]] StepBounds bounds() const noexcept {
     return {config_.max_num_batched_tokens, config_.max_num_seqs};
   }

@@ -1,14 +1,15 @@
 #pragma once
 /// \file
 /// `StaticBatchScheduler<MaxBatch>`: the scheduler of the static-shape engine (TensorRT-LLM's static
-/// engine with in-flight batching). At most `MaxBatch` sequences run, each in a contiguous slot whose
+/// engine with in-flight batching). At most `MaxBatch` sequences run (0: as many as the allocator's Shape
+/// has slots; a MaxBatch above that runs as many as there are slots), each in a contiguous slot whose
 /// capacity (max_input + max_output of the build) is reserved when it is admitted, so there is no
 /// preemption and a decode never waits for memory. A prompt is prefilled whole in one step (shapes are
 /// fixed at build: no token budget, no chunking); when a sequence finishes, its slot is refilled by
 /// the next waiting sequence (first come, first served) on the next step, alongside the decodes of
 /// the others.
 ///
-/// It works only with an allocator that has a build-time `Shape` (`A::shape`, e.g.
+/// It works only with an allocator that has a fixed `Shape` (`alloc.shape()`, e.g.
 /// `ContiguousAllocator<Shape{...}>`): the limits check() enforces are that shape. Used with a paged
 /// allocator, `infer::Scheduler<StaticBatchScheduler<N>, Paged>` is simply false and the member call
 /// fails on the `FixedShapeAllocator` constraint.
@@ -29,24 +30,23 @@
 
 namespace infer {
 
-/// An allocator whose capacity is fixed at build: `A::shape.{max_batch, max_input, max_output}`.
+/// An allocator whose capacity is a fixed shape: `alloc.shape().{max_batch, max_input, max_output}`.
 template <class A>
-concept FixedShapeAllocator = BlockAllocator<A> && requires {
-  { A::shape.max_batch } -> std::convertible_to<std::int32_t>;
-  { A::shape.max_input } -> std::convertible_to<std::int32_t>;
-  { A::shape.max_output } -> std::convertible_to<std::int32_t>;
+concept FixedShapeAllocator = BlockAllocator<A> && requires(const A& a) {
+  { a.shape().max_batch } -> std::convertible_to<std::int32_t>;
+  { a.shape().max_input } -> std::convertible_to<std::int32_t>;
+  { a.shape().max_output } -> std::convertible_to<std::int32_t>;
 };
 
 template <std::int32_t MaxBatch>
 class StaticBatchScheduler {
-  static_assert(MaxBatch >= 1, "StaticBatchScheduler<MaxBatch>: MaxBatch must be at least 1");
+  static_assert(MaxBatch >= 0, "StaticBatchScheduler<MaxBatch>: MaxBatch must not be negative (0: the shape's slots)");
 
-  /// Instantiated by every member: the batch must fit the slots the allocator was built with.
+  /// Sequences that may run at once: MaxBatch, at most the allocator's slots.
   template <class A>
-  static constexpr void check_shape() {
-    static_assert(MaxBatch <= A::shape.max_batch,
-                  "StaticBatchScheduler<MaxBatch>: MaxBatch exceeds the allocator's Shape::max_batch; build the "
-                  "allocator with max_batch >= MaxBatch or lower MaxBatch");
+  static std::int32_t running_limit(const A& alloc) noexcept {
+    const auto slots = static_cast<std::int32_t>(alloc.shape().max_batch);
+    return MaxBatch > 0 ? std::min(MaxBatch, slots) : slots;
   }
 
  public:
@@ -55,21 +55,20 @@ class StaticBatchScheduler {
   [[nodiscard]] std::size_t num_waiting() const noexcept { return waiting_.size(); }
   [[nodiscard]] std::size_t num_running() const noexcept { return running_.size(); }
 
-  /// The largest step: every slot prefilling a whole prompt of max_input tokens at once (a refill
-  /// prefills whole; the other slots then decode one token each, fewer in all).
+  /// The largest step: every running slot prefilling a whole prompt of max_input tokens at once (a
+  /// refill prefills whole; the other slots then decode one token each, fewer in all).
   template <class A>
     requires FixedShapeAllocator<A>
-  [[nodiscard]] StepBounds bounds() const noexcept {
-    check_shape<A>();
-    return {MaxBatch * static_cast<std::int32_t>(A::shape.max_input), MaxBatch};
+  [[nodiscard]] StepBounds bounds(const A& alloc) const noexcept {
+    const std::int32_t n = running_limit(alloc);
+    return {n * static_cast<std::int32_t>(alloc.shape().max_input), n};
   }
 
   /// Throws InvalidArgument when `seq` exceeds the engine's build-time shape.
   template <class A>
     requires FixedShapeAllocator<A>
   void check(const Sequence& seq, const A& alloc) const {
-    check_shape<A>();
-    constexpr auto shape = A::shape;
+    const auto shape = alloc.shape();
     if (seq.len() < 1 || seq.prompt_len < 1 || seq.prompt_len > seq.len()) {
       throw InvalidArgument(detail::cat("sequence ", seq.id, " has ", seq.len(), " tokens and prompt_len ",
                                         seq.prompt_len, "; a sequence needs a non-empty prompt"));
@@ -115,9 +114,9 @@ class StaticBatchScheduler {
   template <class A>
     requires FixedShapeAllocator<A>
   StepPlan schedule(A& alloc) {
-    check_shape<A>();
     StepPlan plan;
-    plan.chunks.reserve(static_cast<std::size_t>(MaxBatch));
+    const auto limit = static_cast<std::size_t>(running_limit(alloc));
+    plan.chunks.reserve(limit);
     prefills_.clear();
 
     for (Sequence* seq : running_) {
@@ -125,7 +124,8 @@ class StaticBatchScheduler {
       if (count <= 0) continue;  // no token appended since its last step
       if (!alloc.grow(*seq, seq->len())) {
         throw InvalidArgument(detail::cat("sequence ", seq->id, " could not grow to ", seq->len(),
-                                          " tokens inside its reserved slot of ", A::shape.max_input + A::shape.max_output,
+                                          " tokens inside its reserved slot of ",
+                                          alloc.shape().max_input + alloc.shape().max_output,
                                           "; StaticBatchScheduler needs an allocator that reserves a whole slot "
                                           "(max_input + max_output) at admission"));
       }
@@ -133,7 +133,7 @@ class StaticBatchScheduler {
       alloc.commit(*seq, seq->len());
     }
 
-    while (!waiting_.empty() && running_.size() < static_cast<std::size_t>(MaxBatch)) {
+    while (!waiting_.empty() && running_.size() < limit) {
       Sequence& seq = *waiting_.front();
       const std::optional<std::int32_t> cached = alloc.allocate(seq);
       if (!cached) break;  // no free slot (shared allocator): wait for the next finish
@@ -154,7 +154,6 @@ class StaticBatchScheduler {
   template <class A>
     requires FixedShapeAllocator<A>
   void update(const StepPlan& plan, A& /*alloc*/) {
-    check_shape<A>();
     detail::apply_plan(plan);
   }
 
@@ -162,7 +161,6 @@ class StaticBatchScheduler {
   template <class A>
     requires FixedShapeAllocator<A>
   void finish(Sequence* seq, A& alloc) {
-    check_shape<A>();
     if (seq == nullptr) throw InvalidArgument("finish(): the sequence pointer is null");
     if (detail::erase_one(running_, seq)) {
       alloc.free(*seq);
@@ -176,16 +174,15 @@ class StaticBatchScheduler {
   template <class A>
     requires FixedShapeAllocator<A>
   void fork(Sequence* parent, Sequence* child, A& alloc) {
-    check_shape<A>();
     if (parent == nullptr || child == nullptr) throw InvalidArgument("fork(): a sequence pointer is null");
     auto it = std::find(running_.begin(), running_.end(), parent);
     if (it == running_.end()) {
       throw InvalidArgument(detail::cat("fork(): parent sequence ", parent->id,
                                         " is not running; fork a sequence after its prompt has been computed"));
     }
-    if (running_.size() >= static_cast<std::size_t>(MaxBatch) || alloc.num_free_blocks() < 1) {
+    if (running_.size() >= static_cast<std::size_t>(running_limit(alloc)) || alloc.num_free_blocks() < 1) {
       throw InvalidArgument(detail::cat("fork(): sequence ", parent->id, " cannot get a sibling: ", running_.size(),
-                                        " of this engine's ", MaxBatch,
+                                        " of this engine's ", running_limit(alloc),
                                         " slots are in use; ask for fewer samples (n) or build with a larger "
                                         "max_batch"));
     }
@@ -201,7 +198,7 @@ class StaticBatchScheduler {
     }
   }
 
-  std::vector<Sequence*> running_;  ///< at most MaxBatch, admission order
+  std::vector<Sequence*> running_;  ///< at most running_limit(), admission order
   std::deque<Sequence*> waiting_;   ///< by arrival
   std::vector<ScheduledChunk> prefills_;  ///< per-step scratch
 };

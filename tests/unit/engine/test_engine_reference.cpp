@@ -28,10 +28,18 @@ Reference tiny_reference(const std::string& name) {
   return r;
 }
 
+/// A static engine whose shape is given when it is built (what the registry and the programs' flags make).
+using RuntimeStatic = StaticEngine<cpu, kShapeAtRuntime>;
+EngineOptions tiny_static_options() {
+  EngineOptions o;
+  o.static_shape = Shape{.max_batch = 2, .max_input = 40, .max_output = 30};  // 3 prompts, 2 slots: a refill
+  return o;
+}
+
 template <class E>
-void check_tiny_engine(const std::string& name) {
+void check_tiny_engine(const std::string& name, const EngineOptions& options = {}) {
   const Reference ref = tiny_reference(name);
-  E engine(fixture(name), EngineOptions{});
+  E engine(fixture(name), options);
   const auto got = run_batch(engine, ref.prompts, greedy_params(static_cast<std::int32_t>(ref.greedy[0].size())));
   for (std::size_t i = 0; i < got.size(); ++i) {
     INFO(name << " prompt " << i);
@@ -72,12 +80,14 @@ TEST_CASE("tiny Llama (GQA, Llama-3 RoPE scaling) logits and greedy tokens equal
   check_tiny_engine<PagedEngine<cpu, 16>>("tiny_llama");
   check_tiny_engine<PagedEngine<cpu, 8>>("tiny_llama");
   check_tiny_engine<TinyStatic>("tiny_llama");
+  check_tiny_engine<RuntimeStatic>("tiny_llama", tiny_static_options());
 }
 
 TEST_CASE("tiny Qwen2 (q/k/v biases, tied embeddings) logits and greedy tokens equal HF's", "[engine][reference]") {
   check_tiny_logits("tiny_qwen2");
   check_tiny_engine<PagedEngine<cpu, 32>>("tiny_qwen2");
   check_tiny_engine<TinyStatic>("tiny_qwen2");
+  check_tiny_engine<RuntimeStatic>("tiny_qwen2", tiny_static_options());
 }
 
 TEST_CASE("SmolLM2 Q4_1 greedy tokens equal HF transformers' on both presets", "[engine][reference][model]") {

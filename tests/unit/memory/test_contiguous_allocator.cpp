@@ -35,14 +35,14 @@ std::vector<std::int32_t> table(const A& a, const Sequence& s) {
 
 static_assert(BlockAllocator<Small>);
 static_assert(Small::layout == KvLayout::contiguous);
-static_assert(Small::shape == Shape{.max_batch = 2, .max_input = 8, .max_output = 4});
-static_assert(Small::capacity == 12);
-static_assert(Small::blocks_per_slot == 1);
-static_assert(Wide::blocks_per_slot == 3);  // 40 tokens in blocks of 16
+static_assert(!Small::shape_at_runtime && ContiguousAllocator<kShapeAtRuntime>::shape_at_runtime);
 static_assert(BlockAllocator<ContiguousAllocator<Shape{.max_batch = 8, .max_input = 1024, .max_output = 512}>>);
 
 TEST_CASE("contiguous allocator: one slot per sequence, max_batch slots", "[memory][contiguous]") {
   Small a;
+  CHECK(a.shape() == Shape{.max_batch = 2, .max_input = 8, .max_output = 4});
+  CHECK(a.capacity() == 12);
+  CHECK(a.blocks_per_slot() == 1);
   CHECK(a.block_size() == 16);
   CHECK(a.num_blocks() == 2);
   CHECK(a.num_free_blocks() == 2);
@@ -149,6 +149,7 @@ TEST_CASE("contiguous allocator: stats report slots, tokens and waste", "[memory
 TEST_CASE("contiguous allocator: a slot is consecutive blocks, the table the paged kernels read",
           "[memory][contiguous]") {
   Wide a;
+  CHECK(a.blocks_per_slot() == 3);  // 40 tokens in blocks of 16
   CHECK(a.block_size() == 16);
   CHECK(a.num_blocks() == 9);
   auto s0 = make_seq(1, 17, 17), s1 = make_seq(2, 5, 5);
@@ -173,8 +174,30 @@ TEST_CASE("contiguous allocator: a slot is consecutive blocks, the table the pag
 }
 
 TEST_CASE("contiguous allocator: required bytes cover every slot at full capacity", "[memory][contiguous]") {
-  CHECK(Small::required_bytes(100) == 2u * 16u * 100u);  // capacity 12, rounded up to a block
-  CHECK(Wide::required_bytes(10) == 3u * 48u * 10u);
-  CHECK(Small::required_bytes(0) == 0u);
-  CHECK_THROWS_WITH(Small::required_bytes(SIZE_MAX / 8), Catch::Contains("overflow"));
+  CHECK(Small{}.required_bytes(100) == 2u * 16u * 100u);  // capacity 12, rounded up to a block
+  CHECK(Wide{}.required_bytes(10) == 3u * 48u * 10u);
+  CHECK(Small{}.required_bytes(0) == 0u);
+  CHECK_THROWS_WITH(Small{}.required_bytes(SIZE_MAX / 8), Catch::Contains("overflow"));
+}
+
+TEST_CASE("contiguous allocator: a shape given at run time behaves as the same shape given at build",
+          "[memory][contiguous]") {
+  using Runtime = ContiguousAllocator<kShapeAtRuntime>;
+  Runtime a(Shape{.max_batch = 3, .max_input = 20, .max_output = 20});
+  Wide b;
+  CHECK(a.shape() == b.shape());
+  CHECK(a.num_blocks() == b.num_blocks());
+  CHECK(a.required_bytes(10) == b.required_bytes(10));
+  auto s = make_seq(1, 17, 17);
+  s.max_len = 40;
+  auto t = make_seq(1, 17, 17);
+  t.max_len = 40;
+  REQUIRE(a.allocate(s));
+  REQUIRE(b.allocate(t));
+  CHECK(table(a, s) == table(b, t));
+  auto too_long = make_seq(2, 21, 21);
+  CHECK_THROWS_WITH(a.allocate(too_long), Catch::Contains("max_input is 20"));
+  CHECK_THROWS_WITH(Runtime(Shape{.max_batch = 0, .max_input = 8, .max_output = 8}), Catch::Contains("max_batch is 0"));
+  CHECK_THROWS_WITH(Runtime(Shape{.max_batch = 2, .max_input = 0, .max_output = 8}), Catch::Contains("max_input is 0"));
+  CHECK_THROWS_WITH(Runtime(Shape{.max_batch = 2, .max_input = 8, .max_output = -1}), Catch::Contains("max_output is -1"));
 }

@@ -136,7 +136,7 @@ template <FakeShape S>
 class FakeSlotAllocator {
  public:
   static constexpr KvLayout layout = KvLayout::contiguous;
-  static constexpr FakeShape shape = S;
+  FakeShape shape() const { return S; }
 
   FakeSlotAllocator() : used_(static_cast<std::size_t>(S.max_batch), false) {}
 
