@@ -9,6 +9,9 @@
 #                                Llama-3-8B and Qwen2.5-7B dummy shapes (greedy, and one sampled throughput
 #                                run) and on SmolLM2 Q4_1 (with and without CUDA graphs); one JSON per run
 #                                under $OUT (default bench/results/gpu)
+#   bench/gpu_suite.sh engines   the static engine beside the paged one, same run: Llama-3-8B bf16 batch 1
+#                                512 + 128, TTFT of a 2048-token prompt, 64 x (128, 128) on Shape {64, 128, 128};
+#                                the offline batch job on the Qwen2.5-7B shape with both engines
 #   bench/gpu_suite.sh serve     infer-serve with the Llama-3-8B dummy shape on the GPU (SmolLM2's tokenizer
 #                                for the text), and infer-bench-serve against it at three request rates
 # The default model must be at models/SmolLM2-135M-Instruct.Q4_1.gguf (on the device machine: staged with
@@ -29,7 +32,7 @@ case "${1:-}" in
   build)
     cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DINFER_CUDA=ON >/dev/null &&
       cmake --build "$build" -j"$(nproc)" --target test_cuda infer-bench-latency infer-bench-throughput \
-        infer-serve infer-bench-serve || exit 1
+        infer-serve infer-bench-serve infer-offline-batch infer-generate || exit 1
     ;;
   test)
     run "$build"/tests/test_cuda --durations yes "[cuda]"
@@ -72,6 +75,22 @@ case "${1:-}" in
     run "$bin"/infer-bench-latency $sm --batch-size 1 --input-len 128 --output-len 256 --num-iters 5 --enforce-eager \
       --output-json "$out/latency-smollm2-q4_1-b1-eager.json"
     ;;
+  engines)
+    m8="--dummy llama3-8b --quantizer bf16"
+    for engine in static paged; do
+      run "$bin"/infer-bench-latency $m8 --engine $engine --max-batch 1 --max-input 512 --max-output 128 \
+        --batch-size 1 --input-len 512 --output-len 128 --num-iters 5 \
+        --output-json "$out/latency-llama3-8b-b1-512-128-$engine.json"
+      run "$bin"/infer-bench-latency $m8 --engine $engine --max-batch 1 --max-input 2048 --max-output 4 \
+        --batch-size 1 --input-len 2048 --output-len 4 --num-iters 5 \
+        --output-json "$out/latency-llama3-8b-b1-2048-ttft-$engine.json"
+      run "$bin"/infer-bench-throughput $m8 --engine $engine --max-batch 64 --max-input 128 --max-output 128 \
+        --num-prompts 64 --input-len 128 --output-len 128 --max-num-seqs 64 \
+        --output-json "$out/throughput-llama3-8b-64x128-128-$engine.json"
+      run "$bin"/infer-offline-batch --dummy qwen2.5-7b --tokenizer models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --backend cuda --engine $engine --max-batch 64 --max-input 128 --max-output 256 --show 0
+    done
+    ;;
   serve)
     port=8011
     log=$out/serve-llama3-8b-server.log
@@ -97,7 +116,7 @@ case "${1:-}" in
     tail -5 "$log"
     ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|test|seeds N...|bench|serve" >&2
+    echo "usage: bench/gpu_suite.sh build|test|seeds N...|bench|engines|serve" >&2
     exit 2
     ;;
 esac
