@@ -111,7 +111,7 @@ int run(const bench::ModelFlags& mf, const LatencyFlags& f) {
   const double prefill_tps = f.batch_size * f.input_len / med_ttft;
 
   std::printf("infer-bench-latency: %s on %s (%s), batch %d, %d prompt + %d new tokens, %d iterations\n",
-              mf.model_label().c_str(), mf.backend.c_str(), mf.mode().c_str(),
+              mf.model_label().c_str(), mf.backend().c_str(), mf.mode().c_str(),
               f.batch_size, f.input_len, f.output_len, f.iters);
   std::printf("  %-34s %10.2f ms  (%.0f prompt tok/s)\n", "time to first token (median)", med_ttft * 1e3, prefill_tps);
   std::printf("  %-34s %10.3f ms\n", "decode latency per token (median)", med_tpot * 1e3);
@@ -128,7 +128,7 @@ int run(const bench::ModelFlags& mf, const LatencyFlags& f) {
               "%.3f s, first token %.3f s after process start\n",
               t_main, weights_s, graphs_s, graphs, ready_s, first_token_s);
 
-  nlohmann::json doc = bench::run_identity(mf.backend);
+  nlohmann::json doc = bench::run_identity(mf.backend());
   doc["program"] = "infer-bench-latency";
   doc["settings"] = mf.settings();
   doc["settings"]["batch_size"] = f.batch_size;

@@ -23,6 +23,7 @@
 
 #include "infer/engine/engine_options.hpp"
 #include "infer/engine/engine_registry.hpp"
+#include "program_flags.hpp"
 #include "infer/model/dummy.hpp"
 #include "infer/model/model_source.hpp"
 
@@ -40,10 +41,7 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 struct ModelFlags {
-  std::string model;       ///< a .gguf file or a Hugging Face folder
-  std::string dummy;       ///< or a dummy shape: a preset name or a config.json
-  std::uint64_t dummy_seed = 0;
-  std::string backend = "auto";  ///< cpu, cuda, or auto: the GPU when one is present
+  ModelSpec spec{.backend = "auto"};  ///< --model or --dummy, --backend (cpu, cuda, or auto: the GPU when present)
   std::string engine = "paged";     ///< paged, or static (StaticEngine of `shape`)
   Shape shape = default_static_shape;  ///< the static engine's slots
   std::string quantizer = "auto";  ///< cuda: auto (GGUF blocks in place) or bf16
@@ -55,19 +53,10 @@ struct ModelFlags {
   std::string output_json;
 
   void add_to(CLI::App& app) {
-    auto* m = app.add_option("--model,-m", model, "a .gguf file or a Hugging Face model folder");
-    auto* d = app.add_option("--dummy", dummy,
-                             std::string("a model shape with seeded random weights (no download): ") +
-                                 std::string(kDummyPresets) + ", or a config.json");
-    m->excludes(d);
-    app.add_option("--dummy-seed", dummy_seed, "seed of the dummy weights");
-    app.add_option("--backend", backend, "cuda, cpu or auto (the GPU when one is present)")
-        ->check(CLI::IsMember({"cuda", "cpu", "auto"}));
+    programs::add_model_flags(app, spec);
     app.add_option("--engine", engine, "paged (vLLM's way) or static (TensorRT-LLM's way: fixed slots)")
         ->check(CLI::IsMember({"paged", "static"}));
-    app.add_option("--max-batch", shape.max_batch, "static engine: slots (sequences at once)");
-    app.add_option("--max-input", shape.max_input, "static engine: longest prompt");
-    app.add_option("--max-output", shape.max_output, "static engine: most tokens generated");
+    programs::add_shape_flags(app, shape);
     app.add_option("--quantizer", quantizer, "cuda: auto (GGUF blocks used in place) or bf16 (everything bf16)")
         ->check(CLI::IsMember({"auto", "bf16"}));
     app.add_flag("--enforce-eager", enforce_eager, "cuda: run every step eagerly (no CUDA graphs)");
@@ -81,13 +70,13 @@ struct ModelFlags {
 
   /// The model to load. InvalidArgument when neither or both of --model / --dummy are given.
   [[nodiscard]] ModelSource source() const {
-    if (model.empty() == dummy.empty()) throw InvalidArgument("give one of --model PATH or --dummy NAME");
-    if (!dummy.empty()) return ModelSource::dummy(dummy_config(dummy), dummy_seed, dummy);
-    return ModelSource::open(model);
+    spec.validate();
+    return spec.open();
   }
+  [[nodiscard]] const std::string& backend() const noexcept { return spec.backend; }
   /// "cpu", "CUDA graphs" or "eager", for the table's title.
-  [[nodiscard]] std::string mode() const { return backend == "cpu" ? "cpu" : enforce_eager ? "eager" : "CUDA graphs"; }
-  [[nodiscard]] std::string model_label() const { return dummy.empty() ? model : "dummy:" + dummy; }
+  [[nodiscard]] std::string mode() const { return backend() == "cpu" ? "cpu" : enforce_eager ? "eager" : "CUDA graphs"; }
+  [[nodiscard]] std::string model_label() const { return spec.dummy.empty() ? spec.model.string() : "dummy:" + spec.dummy; }
 
   [[nodiscard]] EngineOptions options(std::int32_t needed_len) const {
     EngineOptions o;
@@ -103,12 +92,12 @@ struct ModelFlags {
   }
 
   [[nodiscard]] nlohmann::json settings() const {
-    return {{"model", model_label()},          {"backend", backend},   {"engine", engine},
+    return {{"model", model_label()},          {"backend", backend()}, {"engine", engine},
             {"static_shape", engine == "static" ? nlohmann::json{{"max_batch", shape.max_batch},
                                                                   {"max_input", shape.max_input},
                                                                   {"max_output", shape.max_output}}
                                                 : nlohmann::json(nullptr)},
-            {"quantizer", quantizer},          {"cuda_graphs", backend == "cuda" && !enforce_eager},
+            {"quantizer", quantizer},          {"cuda_graphs", backend() == "cuda" && !enforce_eager},
             {"gpu_memory_utilization", gpu_memory_utilization},
             {"max_num_seqs", max_num_seqs},    {"max_num_batched_tokens", max_num_batched_tokens},
             {"prefix_caching", false}};
@@ -169,17 +158,12 @@ inline double mean(const std::vector<double>& v) {
 /// printed as "program: message" (exit 1). `mf.backend` becomes the backend resolved ("auto" → cpu/cuda).
 template <class Body>
 int with_engine(const char* program, ModelFlags& mf, Body&& body) {
-  try {
-    mf.backend = resolve_backend(mf.backend);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
-    return 2;
-  }
+  if (const auto code = programs::resolve_backend_or_exit(program, mf.spec.backend)) return *code;
   try {
     LlmOptions choice;
     choice.engine = mf.engine;
     choice.quantizer = mf.quantizer;
-    return with_engine_type(mf.backend, choice, std::forward<Body>(body));
+    return with_engine_type(mf.backend(), choice, std::forward<Body>(body));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", program, e.what());
     return 1;

@@ -137,7 +137,7 @@ int run(const bench::ModelFlags& mf, ThroughputFlags f) {
   }
   const KvStats kv = engine.kv_stats();
   const auto& st = engine.stats();
-  std::printf("infer-bench-throughput: %s on %s (%s), %zu requests (%s)\n", mf.model_label().c_str(), mf.backend.c_str(),
+  std::printf("infer-bench-throughput: %s on %s (%s), %zu requests (%s)\n", mf.model_label().c_str(), mf.backend().c_str(),
               mf.mode().c_str(), reqs.size(),
               f.dataset.empty() ? detail::cat(f.input_len, " in / ", f.output_len, " out").c_str() : f.dataset.c_str());
   std::printf("  %-26s %10.2f s\n", "elapsed", elapsed);
@@ -153,7 +153,7 @@ int run(const bench::ModelFlags& mf, ThroughputFlags f) {
   std::printf("  KV pool: %d blocks, preemptions %lld; all blocks free after the run: %s\n", kv.total_blocks,
               static_cast<long long>(st.preemptions), kv.free_blocks == kv.total_blocks ? "yes" : "NO");
 
-  nlohmann::json doc = bench::run_identity(mf.backend);
+  nlohmann::json doc = bench::run_identity(mf.backend());
   doc["program"] = "infer-bench-throughput";
   doc["settings"] = mf.settings();
   doc["settings"]["num_prompts"] = reqs.size();

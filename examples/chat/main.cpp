@@ -14,6 +14,7 @@
 
 #include "infer/engine/engine_registry.hpp"
 #include "infer/tokenizer/chat_template.hpp"
+#include "program_flags.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"Chat with a model in the terminal", "infer-chat"};
@@ -26,9 +27,7 @@ int main(int argc, char** argv) {
   sp.top_p = 0.9f;
   sp.max_tokens = 256;
   std::optional<std::uint64_t> seed;
-  app.add_option("--model,-m", spec.model, "a .gguf file or a Hugging Face model folder")->required();
-  app.add_option("--backend", spec.backend, "cpu, cuda, or auto (the GPU when one is present)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  infer::programs::add_model_flags(app, spec);
   app.add_option("--gpu-memory-utilization", opt.engine_options.gpu_memory_utilization,
                  "cuda: fraction of the device this engine may use")
       ->check(CLI::Range(0.01, 1.0));
@@ -42,12 +41,7 @@ int main(int argc, char** argv) {
   sp.seed = seed;
   const bool tty = ::isatty(STDIN_FILENO);
 
-  try {
-    spec.backend = infer::resolve_backend(spec.backend);
-  } catch (const infer::Error& e) {
-    fmt::print(stderr, "infer-chat: {}\n", e.what());
-    return 2;
-  }
+  if (const auto code = infer::programs::resolve_backend_or_exit("infer-chat", spec.backend)) return *code;
   try {
     sp.validate();
     // The paged engine: its prefix cache finds the earlier turns of the conversation.
@@ -59,7 +53,7 @@ int main(int argc, char** argv) {
     std::vector<infer::ChatMessage> history;
     if (!system.empty()) history.push_back({"system", system});
     if (tty)
-      fmt::print("infer-chat: {} on {} — /reset for a new conversation, /exit to quit\n", spec.model.string(), spec.backend);
+      fmt::print("infer-chat: {} on {} — /reset for a new conversation, /exit to quit\n", spec.name(), spec.backend);
 
     std::string line;
     while (true) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "infer/engine/llm.hpp"
+#include "program_flags.hpp"
 
 using nlohmann::json;
 
@@ -86,15 +87,7 @@ int main(int argc, char** argv) {
   infer::SamplingParams sp;
   sp.max_tokens = 64;
   std::optional<std::uint64_t> seed;
-  auto* model_opt = app.add_option("--model,-m", spec.model, "a .gguf file or a Hugging Face model folder");
-  auto* dummy_opt = app.add_option("--dummy", spec.dummy,
-                                   std::string("a model shape with seeded random weights: ") +
-                                       std::string(infer::kDummyPresets) + ", or a config.json");
-  model_opt->excludes(dummy_opt);
-  app.add_option("--dummy-seed", spec.dummy_seed, "seed of the dummy weights");
-  app.add_option("--tokenizer", spec.tokenizer, "--dummy: the tokenizer of this model file (or an HF tokenizer.json)");
-  app.add_option("--backend", spec.backend, "cpu, cuda, or auto (the GPU when one is present)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  infer::programs::add_model_flags(app, spec);
   app.add_option("--quantizer", opt.quantizer, "cuda: auto (GGUF blocks used in place) or bf16")
       ->check(CLI::IsMember({"auto", "bf16"}));
   app.add_option("--gpu-memory-utilization", opt.engine_options.gpu_memory_utilization,
@@ -108,9 +101,7 @@ int main(int argc, char** argv) {
   app.add_option("--engine", opt.engine, "paged (continuous batching) or static (fixed shape)")
       ->check(CLI::IsMember({"paged", "static"}));
   app.add_option("--block-size", opt.block_size, "paged engine: tokens per KV block (8, 16, 32)");
-  app.add_option("--max-batch", opt.engine_options.static_shape.max_batch, "static engine: slots (sequences at once)");
-  app.add_option("--max-input", opt.engine_options.static_shape.max_input, "static engine: longest prompt");
-  app.add_option("--max-output", opt.engine_options.static_shape.max_output, "static engine: most tokens generated");
+  infer::programs::add_shape_flags(app, opt.engine_options.static_shape);
   app.add_option("--kv-cache-memory", kv_memory, "KV cache size, e.g. 512M, 2G (default: 512M paged; the shape's need, static)");
   app.add_option("--max-model-len", opt.engine_options.max_model_len, "longest prompt + output (0 = the model's)");
   app.add_option("--max-num-seqs", opt.engine_options.scheduler.max_num_seqs, "sequences per step at most");
@@ -135,12 +126,7 @@ int main(int argc, char** argv) {
   sp.seed = seed;
   opt.engine_options.enable_prefix_caching = !no_prefix_caching;
 
-  try {
-    spec.backend = infer::resolve_backend(spec.backend);
-  } catch (const infer::Error& e) {
-    fmt::print(stderr, "infer-generate: {}\n", e.what());
-    return 2;
-  }
+  if (const auto code = infer::programs::resolve_backend_or_exit("infer-generate", spec.backend)) return *code;
   try {
     spec.validate();
     if (!kv_memory.empty()) opt.engine_options.kv_cache_bytes = infer::parse_memory_size(kv_memory);

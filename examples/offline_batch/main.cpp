@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "infer/engine/llm.hpp"
+#include "program_flags.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"The offline batch job: 50 prompts, sampled, with a summary and the first answers", "infer-offline-batch"};
@@ -23,29 +24,16 @@ int main(int argc, char** argv) {
   sp.temperature = 0.7f;
   sp.top_p = 0.8f;
   sp.max_tokens = 256;
-  auto* model_opt = app.add_option("--model,-m", spec.model, "a .gguf file or a Hugging Face model folder");
-  auto* dummy_opt = app.add_option("--dummy", spec.dummy, std::string("a model shape with seeded random weights: ") +
-                                                              std::string(infer::kDummyPresets) + ", or a config.json");
-  model_opt->excludes(dummy_opt);
-  app.add_option("--tokenizer", spec.tokenizer, "--dummy: the tokenizer of this model file (or an HF tokenizer.json)");
-  app.add_option("--backend", spec.backend, "cpu, cuda, or auto (the GPU when one is present)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  infer::programs::add_model_flags(app, spec);
   app.add_option("--engine", opt.engine, "paged (continuous batching) or static (fixed shape)")
       ->check(CLI::IsMember({"paged", "static"}));
-  app.add_option("--max-batch", opt.engine_options.static_shape.max_batch, "static engine: slots (sequences at once)");
-  app.add_option("--max-input", opt.engine_options.static_shape.max_input, "static engine: longest prompt");
-  app.add_option("--max-output", opt.engine_options.static_shape.max_output, "static engine: most tokens generated");
+  infer::programs::add_shape_flags(app, opt.engine_options.static_shape);
   app.add_option("--prompts", num_prompts, "prompts in all, half of each question")->check(CLI::Range(2, 100000));
   app.add_option("--max-tokens", sp.max_tokens, "tokens per answer at most");
   app.add_option("--show", shown, "answers to print")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
-  try {
-    spec.backend = infer::resolve_backend(spec.backend);
-  } catch (const infer::Error& e) {
-    fmt::print(stderr, "infer-offline-batch: {}\n", e.what());
-    return 2;
-  }
+  if (const auto code = infer::programs::resolve_backend_or_exit("infer-offline-batch", spec.backend)) return *code;
   try {
     spec.validate();
     sp.validate();
