@@ -2,16 +2,16 @@
 
 #include <string>
 
-#include "fake_allocator.hpp"
 #include "infer/concepts.hpp"
 #include "infer/core/error.hpp"
 #include "infer/sched/continuous_batch.hpp"
 #include "infer/sched/scheduler_config.hpp"
+#include "infer/testing/fake_allocator.hpp"
 
 using namespace infer;
-using infer::test::FakePagedAllocator;
-using infer::test::FakeShape;
-using infer::test::FakeSlotAllocator;
+using infer::testing::FakePagedAllocator;
+using infer::testing::FakeShape;
+using infer::testing::FakeSlotAllocator;
 
 namespace {
 
@@ -23,9 +23,9 @@ struct ShortestPromptFirst {
 };
 
 using Fifo = ContinuousBatchScheduler<>;
-using Sim = test::SimEngine<Fifo, FakePagedAllocator>;
+using Sim = testing::SimEngine<Fifo, FakePagedAllocator>;
 
-using test::rows;
+using testing::rows;
 
 std::string ids(const std::vector<Sequence*>& seqs) {
   std::string out;
@@ -179,7 +179,7 @@ TEST_CASE("decodes and prefill chunks share a step, decodes come first", "[sched
   SECTION("a younger sequence's decode goes before an older one's prefill chunk") {
     ContinuousBatchScheduler<ShortestPromptFirst> sched(config(4, 8));
     FakePagedAllocator alloc(100, 4);
-    test::SimEngine<ContinuousBatchScheduler<ShortestPromptFirst>, FakePagedAllocator> sim{sched, alloc};
+    testing::SimEngine<ContinuousBatchScheduler<ShortestPromptFirst>, FakePagedAllocator> sim{sched, alloc};
     sim.add(20, 2);  // arrival 0
     sim.add(3, 4);   // arrival 1, but shorter: admitted first
     CHECK(rows(sim.step()) == "2:0+3* 1:0+5");
@@ -201,7 +201,7 @@ TEST_CASE("a policy orders admission, the default is arrival order", "[sched][co
   }
   SECTION("ShortestPromptFirst: the short one first, the long one gets the rest") {
     ContinuousBatchScheduler<ShortestPromptFirst> sched(config(4, 8));
-    test::SimEngine<ContinuousBatchScheduler<ShortestPromptFirst>, FakePagedAllocator> sim{sched, alloc};
+    testing::SimEngine<ContinuousBatchScheduler<ShortestPromptFirst>, FakePagedAllocator> sim{sched, alloc};
     sim.add(20, 1);
     sim.add(4, 1);
     sim.add(4, 1);  // same length as 2: arrival breaks the tie
@@ -427,3 +427,4 @@ TEST_CASE("prefix-cache hits are skipped, but never the last token", "[sched][co
   CHECK(part.num_cached_tokens == 8);
   CHECK(full.num_cached_tokens == 11);
 }
+
