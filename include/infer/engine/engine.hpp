@@ -103,17 +103,19 @@ S make_scheduler(const EngineOptions& o) {
 template <class B, class Model, class A, class S, class Attn, class Q>
 class Engine {
   static_assert(Backend<B>, "infer::Engine<Backend, ...>: Backend must be infer::cpu or infer::cuda");
-  static_assert(BlockAllocator<A>,
+  // Each diagnose_* reports every missing or mistyped member of its policy first (concepts.hpp).
+  static_assert(diagnose_block_allocator<A>(),
                 "infer::Engine<..., BlockAllocator, ...>: this type does not satisfy infer::BlockAllocator; the "
-                "compiler's note names the missing operation (see infer/concepts.hpp)");
-  static_assert(Scheduler<S, A>,
+                "errors above name each missing or mistyped member (see infer/concepts.hpp)");
+  static_assert(diagnose_scheduler<S, A>(),
                 "infer::Engine<..., Scheduler, ...>: this type does not satisfy infer::Scheduler for the chosen "
-                "allocator (see infer/concepts.hpp)");
-  static_assert(AttentionKernel<Attn, B>,
+                "allocator; the errors above name each missing or mistyped member (see infer/concepts.hpp)");
+  static_assert(diagnose_attention_kernel<Attn, B>(),
                 "infer::Engine<..., AttentionKernel, ...>: this type does not satisfy infer::AttentionKernel on the "
-                "chosen backend (see infer/concepts.hpp)");
-  static_assert(Quantizer<Q, B>,
-                "infer::Engine<..., Quantizer>: this type does not satisfy infer::Quantizer on the chosen backend");
+                "chosen backend; the errors above name each missing or mistyped member (see infer/concepts.hpp)");
+  static_assert(diagnose_quantizer<Q, B>(),
+                "infer::Engine<..., Quantizer>: this type does not satisfy infer::Quantizer on the chosen backend; "
+                "the errors above name each missing or mistyped member (see infer/concepts.hpp)");
   static_assert(A::layout == Attn::layout,
                 "infer::Engine: the allocator's KV layout differs from the attention kernel's: a paged allocator "
                 "needs PagedAttention, a contiguous one FusedContiguousAttention");
