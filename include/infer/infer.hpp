@@ -10,6 +10,7 @@
 #include "infer/core/dtype.hpp"
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
+#include "infer/core/type_name.hpp"
 
 #include "infer/engine/engine.hpp"
 #include "infer/engine/llm.hpp"
@@ -37,6 +38,7 @@
 #include "infer/sampling/stop_checker.hpp"
 
 #include "infer/sched/continuous_batch.hpp"
+#include "infer/sched/invariants.hpp"
 #include "infer/sched/static_batch.hpp"
 
 #include "infer/tokenizer/chat_template.hpp"

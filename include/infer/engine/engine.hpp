@@ -13,6 +13,10 @@
 /// metadata. Everything a user can get wrong (sampling parameters, a prompt beyond the context, a shape
 /// the static engine was not built for) is rejected in add_request() with a typed error before any block
 /// is taken, and an aborted or failed request releases its blocks in the same call.
+///
+/// What a policy can get wrong is checked too (sched/invariants.hpp): a scheduler whose finish() leaves a
+/// sequence holding blocks, or that plans an empty step while it holds sequences, makes the engine throw
+/// PolicyError naming the scheduler, instead of leaking the cache until run_to_completion() spins.
 
 #include <algorithm>
 #include <atomic>
@@ -39,6 +43,7 @@
 #include "infer/sampling/sampler.hpp"
 #include "infer/sampling/sampling_params.hpp"
 #include "infer/sampling/stop_checker.hpp"
+#include "infer/sched/invariants.hpp"
 #include "infer/tokenizer/incremental_decoder.hpp"
 #include "infer/tokenizer/tokenizer.hpp"
 
@@ -253,6 +258,7 @@ class Engine {
       if (auto* r = owner(s)) r->output.metrics.preemptions++;
     }
     for (const BlockCopy& c : plan.copies) cache_.copy_block(c.src, c.dst);
+    require_progress<S>(plan, scheduler_.num_waiting(), scheduler_.num_running(), alloc_);
     if (plan.empty()) return out;
     stats_.steps++;
 
@@ -555,6 +561,7 @@ class Engine {
     o.delta_text += rest;
     o.finish_reason = reason;
     scheduler_.finish(s.seq.get(), alloc_);
+    require_released<S>(*s.seq, alloc_);
     if (--req.unfinished == 0 && !awaits_fork(req)) complete(req);
   }
 

@@ -4,7 +4,8 @@
 /// that only count blocks (no prefix hashing), so a scheduler test fails for the scheduler's reasons and
 /// not the allocator's: the paged one has ref counts and copy-on-write on grow (enough to see forks in a
 /// plan), the slot one is a contiguous, fixed-shape one for a static scheduler. `SimEngine` is the
-/// engine's side of the loop (fake tokens, update, finish), and `rows(plan)` prints a plan compactly:
+/// engine's side of the loop (fake tokens, update, finish) with the engine's invariant checks, and
+/// `rows(plan)` prints a plan compactly:
 ///
 /// ```cpp
 /// infer::testing::FakePagedAllocator alloc(/*blocks*/ 10, /*block_size*/ 4);
@@ -26,6 +27,7 @@
 
 #include "infer/concepts.hpp"
 #include "infer/core/error.hpp"
+#include "infer/sched/invariants.hpp"
 #include "infer/sched/step_plan.hpp"
 
 namespace infer::testing {
@@ -213,7 +215,9 @@ static_assert(BlockAllocator<FakePagedAllocator>);
 static_assert(BlockAllocator<FakeSlotAllocator<FakeShape{2, 8, 4}>>);
 
 /// The engine's side of the loop, without a model: owns the sequences (stable addresses), appends a
-/// fake token to every sampled chunk's sequence, calls update(), then finishes those at max_len.
+/// fake token to every sampled chunk's sequence, calls update(), then finishes those at max_len. As the
+/// engine, it throws PolicyError when a finished sequence keeps blocks (require_released) or a plan is
+/// empty while the scheduler holds sequences (require_progress).
 template <class Sched, class Alloc>
 struct SimEngine {
   SimEngine(Sched& s, Alloc& a) : sched(s), alloc(a) {}
@@ -241,6 +245,7 @@ struct SimEngine {
   }
   StepPlan step() {
     StepPlan plan = sched.schedule(alloc);
+    require_progress<Sched>(plan, sched.num_waiting(), sched.num_running(), alloc);
     for (const auto& c : plan.chunks) {
       if (c.samples) c.seq->tokens.push_back(-1);
     }
@@ -248,6 +253,7 @@ struct SimEngine {
     for (const auto& c : plan.chunks) {
       if (c.samples && c.seq->len() >= c.seq->max_len) {
         sched.finish(c.seq, alloc);
+        require_released<Sched>(*c.seq, alloc);
         finished.push_back(c.seq->id);
       }
     }

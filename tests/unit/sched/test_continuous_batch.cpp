@@ -428,3 +428,49 @@ TEST_CASE("prefix-cache hits are skipped, but never the last token", "[sched][co
   CHECK(full.num_cached_tokens == 11);
 }
 
+namespace {
+/// Forgets to return a finished sequence's blocks: it takes them again after finishing it.
+struct LeakingScheduler : Fifo {
+  using Fifo::Fifo;
+  template <class A>
+  void finish(Sequence* seq, A& alloc) {
+    const bool was_running = seq->status == SeqStatus::running;
+    Fifo::finish(seq, alloc);
+    if (was_running) static_cast<void>(alloc.allocate(*seq));
+  }
+};
+/// Never plans anything.
+struct IdleScheduler : Fifo {
+  using Fifo::Fifo;
+  template <class A>
+  StepPlan schedule(A&) {
+    return {};
+  }
+};
+}  // namespace
+
+TEST_CASE("SimEngine checks what the engine checks: blocks returned at finish, progress while holding work",
+          "[sched][continuous][invariants]") {
+  FakePagedAllocator alloc(12, 4);
+  SECTION("a finished sequence that keeps its blocks") {
+    LeakingScheduler sched(config(4, 64));
+    testing::SimEngine<LeakingScheduler, FakePagedAllocator> sim{sched, alloc};
+    sim.add(6, 1);
+    CHECK_THROWS_AS(sim.step(), PolicyError);
+    CHECK_THROWS_WITH(require_released<LeakingScheduler>(sim.seqs[0], alloc),
+                      Catch::Contains("scheduler (anonymous namespace)::LeakingScheduler: sequence 1 still holds 2 KV "
+                                      "blocks after finish() (10 of 12 blocks free)"));
+  }
+  SECTION("an empty plan while a sequence waits and none runs") {
+    IdleScheduler sched(config(4, 64));
+    testing::SimEngine<IdleScheduler, FakePagedAllocator> sim{sched, alloc};
+    sim.add(6, 1);
+    CHECK_THROWS_WITH(sim.step(), Catch::Contains("scheduler (anonymous namespace)::IdleScheduler planned an empty "
+                                                  "step while 1 sequences wait and 0 run (12 of 12 KV blocks free)"));
+  }
+  SECTION("nothing held, nothing planned: fine") {
+    IdleScheduler sched(config(4, 64));
+    testing::SimEngine<IdleScheduler, FakePagedAllocator> sim{sched, alloc};
+    CHECK(sim.step().empty());
+  }
+}
