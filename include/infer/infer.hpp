@@ -15,6 +15,7 @@
 #include "infer/engine/engine.hpp"
 #include "infer/engine/llm.hpp"
 #include "infer/engine/presets.hpp"
+#include "infer/engine/step_trace.hpp"
 
 #include "infer/io/gguf.hpp"
 #include "infer/io/mapped_file.hpp"
