@@ -261,6 +261,8 @@ class Engine {
     first.seq->prompt_len = static_cast<std::int32_t>(plen);
     first.seq->max_len = static_cast<std::int32_t>(plen + req->params.max_tokens);
     first.seq->arrival = next_arrival_++;
+    first.seq->priority = req->params.priority;
+    first.seq->tag = req->params.tag;
     scheduler_.check(*first.seq, std::as_const(alloc_));  // throws before anything is queued
     scheduler_.add(first.seq.get());
     stats_.requests_added++;
@@ -547,6 +549,8 @@ class Engine {
       child.seq->prompt_len = parent.prompt_len;
       child.seq->max_len = parent.max_len;
       child.seq->arrival = parent.arrival;
+      child.seq->priority = parent.priority;
+      child.seq->tag = parent.tag;
       child.seq->num_computed = parent.num_computed;
       scheduler_.fork(&parent, child.seq.get(), alloc_);
       scratch_.assign(fork_rows_.begin(), fork_rows_.end());

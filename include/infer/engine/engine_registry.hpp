@@ -262,14 +262,14 @@ std::unique_ptr<EngineHandle> make_engine(const ModelSpec& spec, const LlmOption
 }
 
 // Compiled once in kernels/: programs that include this header link them instead of instantiating them.
-extern template class Engine<cpu, llama, PagedBlockAllocator<8>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
-extern template class Engine<cpu, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
-extern template class Engine<cpu, llama, PagedBlockAllocator<32>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
+extern template class Engine<cpu, llama, PagedBlockAllocator<8>, PriorityScheduler, PagedAttention<>, F32>;
+extern template class Engine<cpu, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, F32>;
+extern template class Engine<cpu, llama, PagedBlockAllocator<32>, PriorityScheduler, PagedAttention<>, F32>;
 extern template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
                              StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, F32>;
 #if defined(INFER_HAVE_CUDA)
-extern template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, GgufInPlace>;
-extern template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, Bf16>;
+extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, GgufInPlace>;
+extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Bf16>;
 extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
                              StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, GgufInPlace>;
 extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,

@@ -75,7 +75,7 @@ struct Fcfs {
 
 /// vLLM's priority scheduling: a lower `Sequence::priority` (SamplingParams::priority) is admitted first,
 /// planned first and preempted last (among equals, the newest goes first). With every priority equal it
-/// plans exactly as Fcfs.
+/// plans exactly as Fcfs. The stock paged engine uses it.
 struct PriorityOrder {
   double score(const Sequence& s, const StepContext& /*ctx*/) const noexcept { return -static_cast<double>(s.priority); }
 };
@@ -501,7 +501,7 @@ class ContinuousBatchScheduler {
   std::vector<Keyed> keyed_;              ///< scores of one sort
 };
 
-/// The stock priority scheduler.
+/// The stock priority scheduler: the paged engine's (presets.hpp).
 using PriorityScheduler = ContinuousBatchScheduler<PriorityOrder>;
 
 }  // namespace infer

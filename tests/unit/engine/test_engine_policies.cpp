@@ -1,8 +1,9 @@
 // An engine composed with a researcher's scheduler: built from a policy instance, reached through
 // scheduler(), observed step by step (StepTrace, the JSONL writer), stopped with a PolicyError naming a
-// scheduler that leaks blocks or admits nothing; infer::LLM over a user's engine type.
+// scheduler that leaks blocks or admits nothing; per-request priority; infer::LLM over a user's engine type.
 #include "engine_test_support.hpp"
 
+#include <array>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -212,6 +213,30 @@ TEST_CASE("the step trace: every chunk, admission, preemption and finish, and th
     run_batch(engine, {prompts[0]}, greedy_params(2));
     CHECK(traces.empty());
   }
+}
+
+TEST_CASE("SamplingParams::priority: the stock paged engine admits lower values first", "[engine][priority]") {
+  EngineOptions o;
+  o.scheduler.max_num_seqs = 1;  // one at a time: the admission order is the whole schedule
+  PagedEngine<cpu, 16> engine(testing::tiny_model(2), o);
+  std::vector<StepTrace> traces;
+  engine.set_step_observer(Recorder{&traces});
+  const auto prompts = prompts_of({6, 6, 6, 6}, 7);
+  std::vector<RequestId> ids;
+  for (std::int32_t i = 0; i < 4; ++i) {
+    SamplingParams p = greedy_params(2);
+    p.priority = std::array{2, 0, 3, -1}[static_cast<std::size_t>(i)];
+    p.tag = "class " + std::to_string(i);
+    ids.push_back(engine.add_request(prompts[static_cast<std::size_t>(i)], p));
+  }
+  engine.run_to_completion();
+  CHECK(admissions(traces) == std::vector<RequestId>{ids[3], ids[1], ids[0], ids[2]});
+
+  SamplingParams bad = greedy_params(2);
+  bad.tag = std::string(SamplingParams::max_tag_bytes + 1, 'x');
+  CHECK_THROWS_WITH(engine.add_request(prompts[0], bad), Contains("tag is 257 bytes long"));
+  bad.tag = "\xff";
+  CHECK_THROWS_WITH(engine.add_request(prompts[0], bad), Contains("tag is not valid UTF-8"));
 }
 
 TEST_CASE("infer::LLM runs a user's engine type: per-prompt parameters, info, a step observer", "[engine][llm]") {
