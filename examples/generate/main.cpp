@@ -2,15 +2,19 @@
 //
 //   infer-generate --model MODEL "prompt one" "prompt two" [--chat] [sampling flags] [--json]
 //   infer-generate --model MODEL --prompts FILE            one prompt per line, or JSONL lines
-//                                                          {"prompt": "..."} / {"messages": [{"role", "content"}]}
+//                                                          {"prompt": "..."} / {"messages": [{"role", "content"}]},
+//                                                          each with optional "priority" (int) and "tag" (string)
 //   infer-generate --dummy llama3-8b --tokenizer MODEL ... a model shape with random weights, another's tokenizer
 // --backend cpu|cuda|auto, --engine paged|static, --block-size 8|16|32 and --quantizer auto|bf16 choose the
 // compiled engine (engine_registry.hpp); --backend cuda on a machine without a GPU exits 2. --json prints one
 // document with every request's tokens, text, finish reason and timings, the run's summary and KV statistics.
+// --trace FILE writes every engine step (the plan, admissions, preemptions, blocks) as a JSON line.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -25,7 +29,17 @@ namespace {
 struct Prompt {
   std::string text;                         // a plain prompt, or the user turn with --chat
   std::vector<infer::ChatMessage> messages;  // set for chat prompts
+  std::int32_t priority = 0;                // SamplingParams::priority (lower is served earlier)
+  std::string tag;                          // SamplingParams::tag
 };
+
+/// A plain text prompt; with --chat, the user turn of a conversation.
+Prompt plain(std::string text, bool chat) {
+  Prompt p;
+  if (chat) p.messages = {{"user", text}};
+  p.text = std::move(text);
+  return p;
+}
 
 std::vector<Prompt> read_prompts(const std::string& path, bool chat) {
   std::ifstream in(path);
@@ -36,7 +50,7 @@ std::vector<Prompt> read_prompts(const std::string& path, bool chat) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
     if (line.front() != '{') {
-      out.push_back({line, chat ? std::vector<infer::ChatMessage>{{"user", line}} : std::vector<infer::ChatMessage>{}});
+      out.push_back(plain(line, chat));
       continue;
     }
     const auto where = infer::detail::cat("--prompts '", path, "' line ", n);
@@ -46,21 +60,32 @@ std::vector<Prompt> read_prompts(const std::string& path, bool chat) {
     } catch (const json::exception& e) {
       throw infer::InvalidArgument(infer::detail::cat(where, ": not valid JSON (", e.what(), ")"));
     }
+    if (!j.is_object()) throw infer::InvalidArgument(where + ": expected a JSON object");
+    Prompt p;
     if (j.contains("messages")) {
-      Prompt p;
       if (!j["messages"].is_array()) throw infer::InvalidArgument(where + ": \"messages\" must be an array");
       for (const auto& m : j["messages"]) {
         if (!m.is_object() || !m.value("role", json()).is_string() || !m.value("content", json()).is_string())
           throw infer::InvalidArgument(where + ": each message needs string \"role\" and \"content\"");
         p.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
       }
-      out.push_back(std::move(p));
     } else if (j.contains("prompt") && j["prompt"].is_string()) {
-      const auto text = j["prompt"].get<std::string>();
-      out.push_back({text, chat ? std::vector<infer::ChatMessage>{{"user", text}} : std::vector<infer::ChatMessage>{}});
+      p = plain(j["prompt"].get<std::string>(), chat);
     } else {
       throw infer::InvalidArgument(where + ": expected {\"prompt\": string} or {\"messages\": [...]}");
     }
+    if (j.contains("priority")) {
+      const auto& v = j["priority"];
+      if (!v.is_number_integer() || v.get<std::int64_t>() < std::numeric_limits<std::int32_t>::min() ||
+          v.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
+        throw infer::InvalidArgument(where + ": \"priority\" must be a 32-bit integer (lower is served earlier)");
+      p.priority = v.get<std::int32_t>();
+    }
+    if (j.contains("tag")) {
+      if (!j["tag"].is_string()) throw infer::InvalidArgument(where + ": \"tag\" must be a string");
+      p.tag = j["tag"].get<std::string>();
+    }
+    out.push_back(std::move(p));
   }
   return out;
 }
@@ -78,7 +103,7 @@ json kv_json(const infer::KvStats& k) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Generate completions for a batch of prompts", "infer-generate"};
-  std::string prompts_file, kv_memory;
+  std::string prompts_file, kv_memory, trace_file;
   infer::ModelSpec spec;
   spec.backend = "auto";
   std::vector<std::string> prompt_args;
@@ -122,6 +147,7 @@ int main(int argc, char** argv) {
   app.add_option("--stop-token-ids", sp.stop_token_ids, "token ids that end generation");
   app.add_flag("--ignore-eos", sp.ignore_eos, "keep generating past EOS");
   app.add_flag("--json", as_json, "print one JSON document");
+  app.add_option("--trace", trace_file, "write every engine step (plan, admissions, preemptions, blocks) as JSONL");
   CLI11_PARSE(app, argc, argv);
   sp.seed = seed;
   opt.engine_options.enable_prefix_caching = !no_prefix_caching;
@@ -132,7 +158,7 @@ int main(int argc, char** argv) {
     if (!kv_memory.empty()) opt.engine_options.kv_cache_bytes = infer::parse_memory_size(kv_memory);
     std::vector<Prompt> prompts;
     for (const auto& p : prompt_args)
-      prompts.push_back({p, chat ? std::vector<infer::ChatMessage>{{"user", p}} : std::vector<infer::ChatMessage>{}});
+      prompts.push_back(plain(p, chat));
     if (!prompts_file.empty()) {
       auto more = read_prompts(prompts_file, chat);
       prompts.insert(prompts.end(), more.begin(), more.end());
@@ -143,11 +169,16 @@ int main(int argc, char** argv) {
     }
     sp.validate();
     infer::LLM llm(spec, opt);
+    if (!trace_file.empty()) llm.set_step_observer(infer::JsonlTraceWriter(std::filesystem::path(trace_file)));
 
     // Render chat prompts, tokenize everything, then run the whole batch at once.
     std::vector<std::vector<std::int32_t>> ids;
     std::vector<std::string> shown;
+    std::vector<infer::SamplingParams> params;
     for (const auto& p : prompts) {
+      params.push_back(sp);
+      params.back().priority = p.priority;
+      params.back().tag = p.tag;
       if (p.messages.empty()) {
         shown.push_back(p.text);
         ids.push_back(llm.tokenizer().encode(p.text));
@@ -156,7 +187,7 @@ int main(int argc, char** argv) {
         ids.push_back(llm.encode_chat(shown.back()));
       }
     }
-    const auto results = llm.generate_ids(ids, sp);
+    const auto results = llm.generate_ids(ids, params);
     const auto& sum = llm.last_summary();
 
     if (!as_json) {
@@ -175,6 +206,7 @@ int main(int argc, char** argv) {
         outs.push_back({{"index", o.index}, {"text", o.text}, {"token_ids", o.token_ids},
                         {"finish_reason", std::string(infer::to_string(o.finish_reason))}});
       items.push_back({{"index", i}, {"prompt", shown[i]}, {"prompt_token_ids", r.prompt_token_ids}, {"outputs", outs},
+                       {"priority", prompts[i].priority}, {"tag", prompts[i].tag},
                        {"metrics", {{"prompt_tokens", r.metrics.prompt_tokens},
                                     {"cached_prompt_tokens", r.metrics.cached_prompt_tokens},
                                     {"output_tokens", r.generated_tokens()},

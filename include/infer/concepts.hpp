@@ -2,8 +2,11 @@
 /// \file
 /// The four policies an `Engine` is composed of, as C++20 concepts. Each concept is a conjunction of
 /// small named requirements, so a policy that misses one fails with the name of what is missing
-/// (e.g. "the required expression 'a.grow(seq, n)' is invalid" under `allocator_grows`), and the
-/// Engine repeats the check in a `static_assert` with a sentence saying which policy is wrong.
+/// (e.g. "the required expression 'a.grow(seq, n)' is invalid" under `allocator_grows`). The Engine checks
+/// each policy through `diagnose_*` (at the end of this file), which reports one member at a time: a
+/// missing member as "no member callable as `<signature>`", a member of the wrong return type as
+/// "`<signature>` returns another type" with a note naming the type it returns (a concept failure alone
+/// only says which type was expected).
 ///
 /// The contracts, in the words a policy author needs:
 ///
@@ -43,6 +46,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -183,5 +187,164 @@ concept Quantizer = Backend<B> && requires(const WeightTensor& t, typename Backe
   { w.in() } -> std::convertible_to<std::int64_t>;
   { Q::matmul(ctx, w, x, rows, y) } -> std::same_as<void>;
 };
+
+// ---- Diagnostics ------------------------------------------------------------------------------------
+namespace policy_detail {
+/// Unevaluated values of any type, short enough to spell a member call (std::declval).
+template <class T>
+std::add_rvalue_reference_t<T> v() noexcept;
+template <class>
+inline constexpr bool never = false;
+/// Named so a failed assertion's note reads "'returns<int, void>' evaluates to false": the type returned first.
+template <class Actual, class Expected>
+inline constexpr bool returns = std::is_same_v<Actual, Expected>;
+template <class Actual, class Expected>
+inline constexpr bool returns_convertible = std::is_convertible_v<Actual, Expected>;
+}  // namespace policy_detail
+
+// One member of a policy concept: absent (or not callable with these arguments), or of another return type.
+// `expr` is the call the concept makes, spelled with policy_detail::v<T>().
+#define INFER_DIAGNOSE_MEMBER(owner, concept_name, expr, check, Expected, signature)                      \
+  if constexpr (!requires { expr; })                                                                    \
+    static_assert(policy_detail::never<owner>, concept_name ": no member callable as `" signature "`");  \
+  else                                                                                                  \
+    static_assert(policy_detail::check<decltype(expr), Expected>,                                       \
+                  concept_name ": `" signature "` returns another type (the note below names it)")
+
+/// Whether `A` is a BlockAllocator, with one compile error per missing or mistyped member when it is not.
+template <class A>
+consteval bool diagnose_block_allocator() {
+  using policy_detail::v;
+  if constexpr (!BlockAllocator<A>) {
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", A::layout, returns_convertible, KvLayout,
+                          "static constexpr infer::KvLayout layout");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<const A&>().block_size(), returns, std::int32_t,
+                          "std::int32_t block_size() const");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<const A&>().num_blocks(), returns, std::int32_t,
+                          "std::int32_t num_blocks() const");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<const A&>().num_free_blocks(), returns, std::int32_t,
+                          "std::int32_t num_free_blocks() const");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<const A&>().stats(), returns, KvStats,
+                          "infer::KvStats stats() const");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<A&>().allocate(v<Sequence&>()), returns,
+                          std::optional<std::int32_t>, "std::optional<std::int32_t> allocate(infer::Sequence&)");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<const A&>().can_ever_fit(std::int32_t{}), returns, bool,
+                          "bool can_ever_fit(std::int32_t tokens) const");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<A&>().grow(v<Sequence&>(), std::int32_t{}), returns, bool,
+                          "bool grow(infer::Sequence&, std::int32_t tokens)");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<A&>().take_copies(), returns, std::vector<BlockCopy>,
+                          "std::vector<infer::BlockCopy> take_copies()");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<A&>().fork(v<const Sequence&>(), v<Sequence&>()), returns,
+                          void, "void fork(const infer::Sequence& parent, infer::Sequence& child)");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<A&>().commit(v<Sequence&>(), std::int32_t{}), returns, void,
+                          "void commit(infer::Sequence&, std::int32_t tokens)");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<A&>().free(v<Sequence&>()), returns, void,
+                          "void free(infer::Sequence&)");
+    INFER_DIAGNOSE_MEMBER(A, "infer::BlockAllocator", v<const A&>().block_table(v<Sequence&>()), returns,
+                          std::span<const std::int32_t>,
+                          "std::span<const std::int32_t> block_table(const infer::Sequence&) const");
+  }
+  return BlockAllocator<A>;
+}
+
+/// Whether `S` is a Scheduler for allocator `A`, with one compile error per missing or mistyped member.
+template <class S, class A>
+consteval bool diagnose_scheduler() {
+  using policy_detail::v;
+  if constexpr (BlockAllocator<A> && !Scheduler<S, A>) {
+    INFER_DIAGNOSE_MEMBER(S, "infer::Scheduler", v<S&>().add(v<Sequence*>()), returns, void,
+                          "void add(infer::Sequence*)");
+    INFER_DIAGNOSE_MEMBER(S, "infer::Scheduler", v<const S&>().check(v<const Sequence&>(), v<const A&>()), returns,
+                          void, "void check(const infer::Sequence&, const A&) const");
+    INFER_DIAGNOSE_MEMBER(S, "infer::Scheduler", v<const S&>().num_waiting(), returns_convertible, std::size_t,
+                          "std::size_t num_waiting() const");
+    INFER_DIAGNOSE_MEMBER(S, "infer::Scheduler", v<const S&>().num_running(), returns_convertible, std::size_t,
+                          "std::size_t num_running() const");
+    INFER_DIAGNOSE_MEMBER(S, "infer::Scheduler", v<S&>().schedule(v<A&>()), returns, StepPlan,
+                          "infer::StepPlan schedule(A&)");
+    INFER_DIAGNOSE_MEMBER(S, "infer::Scheduler", v<S&>().update(v<const StepPlan&>(), v<A&>()), returns, void,
+                          "void update(const infer::StepPlan&, A&)");
+    INFER_DIAGNOSE_MEMBER(S, "infer::Scheduler", v<S&>().finish(v<Sequence*>(), v<A&>()), returns, void,
+                          "void finish(infer::Sequence*, A&)");
+    INFER_DIAGNOSE_MEMBER(S, "infer::Scheduler", v<S&>().fork(v<Sequence*>(), v<Sequence*>(), v<A&>()), returns,
+                          void, "void fork(infer::Sequence* parent, infer::Sequence* child, A&)");
+  }
+  return Scheduler<S, A>;
+}
+
+/// Whether `K` is an AttentionKernel on backend `B`, with one compile error per missing or mistyped member.
+template <class K, class B>
+consteval bool diagnose_attention_kernel() {
+  using policy_detail::v;
+  if constexpr (Backend<B> && !AttentionKernel<K, B>) {
+    INFER_DIAGNOSE_MEMBER(K, "infer::AttentionKernel", K::layout, returns_convertible, KvLayout,
+                          "static constexpr infer::KvLayout layout");
+    INFER_DIAGNOSE_MEMBER(K, "infer::AttentionKernel", K::name, returns_convertible, std::string_view,
+                          "static constexpr std::string_view name");
+    if constexpr (!requires { typename K::template view<float>; }) {
+      static_assert(policy_detail::never<K>,
+                    "infer::AttentionKernel: no member template `template <class T> using view` (a KvView type)");
+    } else {
+      static_assert(KvView<typename K::template view<float>>,
+                    "infer::AttentionKernel: `view<float>` is not an infer::KvView (k_at(pos, head), v_at(pos, head))");
+      INFER_DIAGNOSE_MEMBER(K, "infer::AttentionKernel",
+                            K::template make_view<float>(v<float*>(), v<float*>(), v<std::span<const std::int32_t>>(),
+                                                         std::int32_t{}, std::int32_t{}, std::int32_t{}),
+                            returns, typename K::template view<float>,
+                            "template <class T> static view<T> make_view(T* k, T* v, std::span<const std::int32_t> "
+                            "block_table, std::int32_t block_size, std::int32_t kv_heads, std::int32_t head_dim)");
+      if constexpr (std::same_as<B, cpu>) {
+        INFER_DIAGNOSE_MEMBER(K, "infer::AttentionKernel",
+                              K::attend(cpu{}, v<const AttentionShape&>(), v<const float*>(), v<float*>(),
+                                        std::int32_t{}, std::int32_t{}, v<const typename K::template view<float>&>()),
+                              returns, void,
+                              "static void attend(infer::cpu, const infer::AttentionShape&, const float* q, float* out, "
+                              "std::int32_t start, std::int32_t count, const view<float>&)");
+      } else {
+        INFER_DIAGNOSE_MEMBER(K, "infer::AttentionKernel", K::attend(cuda{}, v<const DeviceAttentionBatch&>()),
+                              returns, void, "static void attend(infer::cuda, const infer::DeviceAttentionBatch&)");
+        INFER_DIAGNOSE_MEMBER(K, "infer::AttentionKernel", K::workspace_bytes(cuda{}, v<const DeviceAttentionBatch&>()),
+                              returns_convertible, std::size_t,
+                              "static std::size_t workspace_bytes(infer::cuda, const infer::DeviceAttentionBatch&)");
+      }
+    }
+  }
+  return AttentionKernel<K, B>;
+}
+
+/// Whether `Q` is a Quantizer on backend `B`, with one compile error per missing or mistyped member.
+template <class Q, class B>
+consteval bool diagnose_quantizer() {
+  using policy_detail::v;
+  if constexpr (Backend<B> && !Quantizer<Q, B>) {
+    using T = BackendTraits<B>;
+    INFER_DIAGNOSE_MEMBER(Q, "infer::Quantizer", Q::name, returns_convertible, std::string_view,
+                          "static constexpr std::string_view name");
+    if constexpr (!requires { typename Q::template linear<B>; }) {
+      static_assert(policy_detail::never<Q>,
+                    "infer::Quantizer: no member template `template <class B> using linear` (a weight on backend B)");
+    } else {
+      using L = typename Q::template linear<B>;
+      INFER_DIAGNOSE_MEMBER(Q, "infer::Quantizer",
+                            Q::template load<B>(v<const WeightTensor&>(), v<typename T::weight_store&>()), returns, L,
+                            "template <class B> static linear<B> load(const infer::WeightTensor&, "
+                            "BackendTraits<B>::weight_store&)");
+      INFER_DIAGNOSE_MEMBER(Q, "infer::Quantizer", v<const L&>().out(), returns_convertible, std::int64_t,
+                            "std::int64_t linear<B>::out() const");
+      INFER_DIAGNOSE_MEMBER(Q, "infer::Quantizer", v<const L&>().in(), returns_convertible, std::int64_t,
+                            "std::int64_t linear<B>::in() const");
+      INFER_DIAGNOSE_MEMBER(Q, "infer::Quantizer",
+                            Q::matmul(v<typename T::matmul_context&>(), v<const L&>(),
+                                      v<const typename T::activation*>(), std::int32_t{},
+                                      v<typename T::activation*>()),
+                            returns, void,
+                            "static void matmul(BackendTraits<B>::matmul_context&, const linear<B>&, const activation* "
+                            "x, std::int32_t rows, activation* y)");
+    }
+  }
+  return Quantizer<Q, B>;
+}
+
+#undef INFER_DIAGNOSE_MEMBER
 
 }  // namespace infer

@@ -10,10 +10,12 @@
 #include "infer/core/dtype.hpp"
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
+#include "infer/core/type_name.hpp"
 
 #include "infer/engine/engine.hpp"
 #include "infer/engine/llm.hpp"
 #include "infer/engine/presets.hpp"
+#include "infer/engine/step_trace.hpp"
 
 #include "infer/io/gguf.hpp"
 #include "infer/io/mapped_file.hpp"
@@ -37,6 +39,7 @@
 #include "infer/sampling/stop_checker.hpp"
 
 #include "infer/sched/continuous_batch.hpp"
+#include "infer/sched/invariants.hpp"
 #include "infer/sched/static_batch.hpp"
 
 #include "infer/tokenizer/chat_template.hpp"

@@ -3,9 +3,9 @@
 
 namespace infer {
 
-template class Engine<cpu, llama, PagedBlockAllocator<8>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
-template class Engine<cpu, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
-template class Engine<cpu, llama, PagedBlockAllocator<32>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
+template class Engine<cpu, llama, PagedBlockAllocator<8>, PriorityScheduler, PagedAttention<>, F32>;
+template class Engine<cpu, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, F32>;
+template class Engine<cpu, llama, PagedBlockAllocator<32>, PriorityScheduler, PagedAttention<>, F32>;
 template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
                       StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, F32>;
 

@@ -4,8 +4,8 @@
 
 namespace infer {
 
-template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, GgufInPlace>;
-template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, Bf16>;
+template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, GgufInPlace>;
+template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Bf16>;
 template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
                       StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, GgufInPlace>;
 template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,

@@ -1,6 +1,6 @@
 # ctest's package_consumer test: install the build tree into a fresh prefix, then build and run
 # tests/consumer against it with find_package(infer). Arguments: -DBUILD_DIR= -DSOURCE_DIR= -DWORK_DIR=
-# (the consumer generates with tests/fixtures/tiny_llama)
+# (the consumer runs its own policies on the default model, models/SmolLM2-135M-Instruct.Q4_1.gguf)
 file(REMOVE_RECURSE ${WORK_DIR})
 function(step)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
@@ -12,4 +12,8 @@ step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
      -DCMAKE_BUILD_TYPE=Release)
 step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-step(${WORK_DIR}/build/consumer ${SOURCE_DIR}/tests/fixtures/tiny_llama)
+set(model ${SOURCE_DIR}/models/SmolLM2-135M-Instruct.Q4_1.gguf)
+if(NOT EXISTS ${model})
+  message(FATAL_ERROR "package_consumer: the default model is missing at ${model}: run scripts/setup.sh")
+endif()
+step(${WORK_DIR}/build/consumer ${model})

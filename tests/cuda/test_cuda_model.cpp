@@ -24,14 +24,15 @@
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/engine/presets.hpp"
 #include "infer/model/dummy.hpp"
+#include "infer/testing/tiny_model.hpp"
 #include "support/cuda_test_support.hpp"
-#include "support/dummy_shapes.hpp"
 #include "support/greedy_workload.hpp"
 #include "support/rounding_noise.hpp"
 #include "unit/engine/engine_test_support.hpp"
 
 using namespace infer;
 using namespace infer::test;
+using namespace infer::testing;
 
 namespace {
 

@@ -11,12 +11,13 @@
 #include "infer/engine/llm.hpp"
 #include "infer/engine/presets.hpp"
 #include "infer/model/dummy.hpp"
+#include "infer/testing/tiny_model.hpp"
 #include "support/cuda_test_support.hpp"
-#include "support/dummy_shapes.hpp"
 #include "support/greedy_workload.hpp"
 
 using namespace infer;
 using namespace infer::test;
+using namespace infer::testing;
 
 namespace {
 constexpr Shape kSmall{.max_batch = 4, .max_input = 96, .max_output = 48};

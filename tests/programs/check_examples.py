@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""infer-chat streams replies to piped input; infer-custom-policy serves shortest prompts first;
-infer-offline-batch runs the offline batch job on either engine.
+"""infer-chat streams replies to piped input; infer-custom-policy schedules by its own policy (aged shortest
+first, 16 prefill tokens a step); infer-custom-kernels counts what the decoder asks of its attention kernel and
+quantizer; infer-offline-batch runs the offline batch job on either engine.
 
 usage: check_examples.py BIN_DIR MODEL"""
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 from harness import check, finish
 
@@ -18,10 +21,39 @@ check(r.returncode == 0, f"infer-chat exits 0: {r.stderr!r}")
 replies = r.stdout.split("(new conversation)")
 check(len(replies) == 2 and all(part.strip() for part in replies), f"infer-chat answers each turn: {r.stdout!r}")
 
-r = subprocess.run([os.path.join(bin_dir, "infer-custom-policy"), model], capture_output=True, text=True, timeout=300)
-check(r.returncode == 0, f"infer-custom-policy exits 0: {r.stderr!r}")
-lengths = [int(m) for m in re.findall(r"\((\d+) prompt tokens\)", r.stdout)]
-check(len(lengths) == 4 and lengths == sorted(lengths), f"shortest prompt first: {lengths}")
+policy = os.path.join(bin_dir, "infer-custom-policy")
+with tempfile.TemporaryDirectory() as tmp:
+    trace = os.path.join(tmp, "trace.jsonl")
+    r = subprocess.run([policy, model, "--trace", trace], capture_output=True, text=True, timeout=300)
+    check(r.returncode == 0, f"infer-custom-policy exits 0: {r.stderr!r}")
+    admitted = [(int(s), int(i), int(n)) for s, i, n in
+                re.findall(r"^step +(\d+): admitted request (\d+) \((\d+) prompt tokens\)$", r.stdout, re.M)]
+    order = [i for _, i, _ in admitted]
+    # request 0 is the long prompt; 1..10 arrive one per step and are short
+    check(sorted(order) == list(range(11)), f"every request admitted once: {order}")
+    check(0 < order.index(0) < 10 and [i for i in order if i] == list(range(1, 11)),
+          f"aged: the long prompt overtakes the later short ones, the short ones come in arrival order: {order}")
+    steps = [json.loads(line) for line in open(trace)] if r.returncode == 0 else []
+    prefill = [sum(c["count"] for c in s["chunks"] if c["kind"] == "prefill") for s in steps]
+    check(steps and max(prefill) == 16 and "at most 16 prefill tokens in one step" in r.stdout,
+          f"the prefill budget: {prefill}")
+r = subprocess.run([policy, model, "--age-weight", "0"], capture_output=True, text=True, timeout=300)
+order = [int(i) for i in re.findall(r"admitted request (\d+)", r.stdout)]
+check(r.returncode == 0 and sorted(order) == list(range(11)) and order[-1] == 0,
+      f"not aged: the long prompt waits for the whole stream: {order}")
+
+r = subprocess.run([os.path.join(bin_dir, "infer-custom-kernels"), model, "--max-tokens", "6"], capture_output=True,
+                   text=True, timeout=300)
+m = [re.search(p, r.stdout) for p in (r"decoder: (\d+) layers, (\d+) steps, (\d+) chunks",
+                                      r"quantizer: (\d+) weights loaded, (\d+) matmuls", r"attention: (\d+) calls")]
+check(r.returncode == 0 and all(m), f"infer-custom-kernels reports its counts: {r.stdout!r} {r.stderr!r}")
+if all(m):
+    layers, steps, chunks = map(int, m[0].groups())
+    loads, matmuls = map(int, m[1].groups())
+    calls = int(m[2].group(1))
+    check(layers == 30 and steps == 6 and chunks == 6, f"SmolLM2: 30 layers, one request of 6 tokens: {m[0].group(0)}")
+    check(loads == 7 * layers and matmuls == 7 * layers * steps, f"7 linear layers per layer through the quantizer: {m[1].group(0)}")
+    check(calls == layers * chunks, f"one attention call per layer and chunk: {calls}")
 
 batch = os.path.join(bin_dir, "infer-offline-batch")
 for engine in ("paged", "static"):

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """infer-generate as a user runs it: greedy output equals HF transformers' on the default model with both
-engines, the --json document (tokens, text, finish reasons, timings, KV statistics), and bad input.
+engines, the --json document (tokens, text, finish reasons, timings, KV statistics), JSONL prompts with
+priorities and tags, the --trace file, and bad input.
 
 usage: check_generate.py BIN_DIR MODEL FIXTURES_DIR"""
 import json
@@ -82,6 +83,31 @@ with tempfile.TemporaryDirectory() as tmp:
     open(bad, "w").write('{"prompt": "ok"}\n{"prompt": \n')
     r = run("--prompts", bad)
     check(r.returncode == 1 and "line 2" in r.stderr, f"bad JSONL line named: {r.stderr!r}")
+
+    # priority and tag per JSONL prompt; one request at a time, so the trace's admissions are the schedule
+    ranked = os.path.join(tmp, "ranked.jsonl")
+    with open(ranked, "w") as f:
+        f.write('{"prompt": "Name a fruit.", "priority": 2, "tag": "batch"}\n'
+                '{"prompt": "Name a color.", "priority": -1, "tag": "interactive"}\n'
+                '{"prompt": "Name a tree."}\n')
+    trace = os.path.join(tmp, "trace.jsonl")
+    r = run("--prompts", ranked, "--max-num-seqs", "1", "--temperature", "0", "--max-tokens", "3", "--ignore-eos",
+            "--trace", trace, "--json")
+    doc = json.loads(r.stdout) if r.returncode == 0 else {"results": [], "engine_stats": {}}
+    check([(x["priority"], x["tag"]) for x in doc["results"]] == [(2, "batch"), (-1, "interactive"), (0, "")],
+          f"--json echoes each prompt's priority and tag: {r.stderr[-300:]!r}")
+    steps = [json.loads(line) for line in open(trace)] if r.returncode == 0 else []
+    admitted = [a["request"] for s in steps for a in s["admitted"]]
+    check(admitted == [1, 2, 0], f"the paged engine admits by priority, then arrival: {admitted}")
+    check(len(steps) == doc["engine_stats"].get("steps") and [s["step"] for s in steps] == list(range(len(steps))),
+          f"--trace writes one line per step ({len(steps)} lines)")
+    check(steps and all(sum(c["count"] for c in s["chunks"]) > 0 for s in steps) and steps[-1]["blocks"]["used"] == 0
+          and sum(len(s["finished"]) for s in steps) == 3, "trace lines: chunks every step, 3 finished, blocks returned")
+    open(bad, "w").write('{"prompt": "x", "priority": "high"}\n')
+    r = run("--prompts", bad)
+    check(r.returncode == 1 and "line 1" in r.stderr and "priority" in r.stderr, f"bad priority named: {r.stderr!r}")
+    r = run("x", "--trace", os.path.join(tmp, "no", "such", "dir", "t.jsonl"))
+    check(r.returncode == 1 and "cannot write the step trace" in r.stderr, f"unwritable trace: {r.stderr!r}")
 
 # bad input: a typed error naming what was wrong, exit 1; usage errors exit 2
 r = run("x", "--temperature", "5")

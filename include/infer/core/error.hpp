@@ -25,6 +25,7 @@ enum class Errc {
   tokenizer,         ///< tokenizer data is inconsistent, or text cannot be tokenized
   chat_template,     ///< a chat template is unknown or a conversation does not fit it
   device,            ///< a CUDA / cuBLAS call failed (out of memory, launch failure, no device)
+  policy,            ///< a policy broke its contract (e.g. a scheduler kept a finished sequence's blocks)
 };
 
 constexpr std::string_view to_string(Errc c) noexcept {
@@ -37,6 +38,7 @@ constexpr std::string_view to_string(Errc c) noexcept {
     case Errc::tokenizer: return "tokenizer";
     case Errc::chat_template: return "chat_template";
     case Errc::device: return "device";
+    case Errc::policy: return "policy";
   }
   return "unknown";
 }
@@ -65,6 +67,9 @@ INFER_DEFINE_ERROR(NotFoundError, Errc::not_found);
 INFER_DEFINE_ERROR(TokenizerError, Errc::tokenizer);
 INFER_DEFINE_ERROR(ChatTemplateError, Errc::chat_template);
 INFER_DEFINE_ERROR(DeviceError, Errc::device);
+/// A bug in a policy, found by the engine's invariant checks: the message names the policy type and what
+/// it did; the engine that threw is not usable afterwards.
+INFER_DEFINE_ERROR(PolicyError, Errc::policy);
 #undef INFER_DEFINE_ERROR
 
 namespace detail {

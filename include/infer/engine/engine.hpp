@@ -13,12 +13,20 @@
 /// metadata. Everything a user can get wrong (sampling parameters, a prompt beyond the context, a shape
 /// the static engine was not built for) is rejected in add_request() with a typed error before any block
 /// is taken, and an aborted or failed request releases its blocks in the same call.
+///
+/// What a policy can get wrong is checked too (sched/invariants.hpp): a scheduler whose finish() leaves a
+/// sequence holding blocks, or that plans an empty step while it holds sequences, makes the engine throw
+/// PolicyError naming the scheduler, instead of leaking the cache until run_to_completion() spins.
+///
+/// The scheduler is built from `EngineOptions::scheduler`, or passed in built (a policy with parameters);
+/// `scheduler()` reaches it, and `set_step_observer` reports every step (engine/step_trace.hpp).
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -33,12 +41,14 @@
 #include "infer/concepts.hpp"
 #include "infer/engine/engine_options.hpp"
 #include "infer/engine/request_output.hpp"
+#include "infer/engine/step_trace.hpp"
 #include "infer/model/forward_batch.hpp"
 #include "infer/model/kv_cache.hpp"
 #include "infer/model/model_source.hpp"
 #include "infer/sampling/sampler.hpp"
 #include "infer/sampling/sampling_params.hpp"
 #include "infer/sampling/stop_checker.hpp"
+#include "infer/sched/invariants.hpp"
 #include "infer/tokenizer/incremental_decoder.hpp"
 #include "infer/tokenizer/tokenizer.hpp"
 
@@ -103,17 +113,19 @@ S make_scheduler(const EngineOptions& o) {
 template <class B, class Model, class A, class S, class Attn, class Q>
 class Engine {
   static_assert(Backend<B>, "infer::Engine<Backend, ...>: Backend must be infer::cpu or infer::cuda");
-  static_assert(BlockAllocator<A>,
+  // Each diagnose_* reports every missing or mistyped member of its policy first (concepts.hpp).
+  static_assert(diagnose_block_allocator<A>(),
                 "infer::Engine<..., BlockAllocator, ...>: this type does not satisfy infer::BlockAllocator; the "
-                "compiler's note names the missing operation (see infer/concepts.hpp)");
-  static_assert(Scheduler<S, A>,
+                "errors above name each missing or mistyped member (see infer/concepts.hpp)");
+  static_assert(diagnose_scheduler<S, A>(),
                 "infer::Engine<..., Scheduler, ...>: this type does not satisfy infer::Scheduler for the chosen "
-                "allocator (see infer/concepts.hpp)");
-  static_assert(AttentionKernel<Attn, B>,
+                "allocator; the errors above name each missing or mistyped member (see infer/concepts.hpp)");
+  static_assert(diagnose_attention_kernel<Attn, B>(),
                 "infer::Engine<..., AttentionKernel, ...>: this type does not satisfy infer::AttentionKernel on the "
-                "chosen backend (see infer/concepts.hpp)");
-  static_assert(Quantizer<Q, B>,
-                "infer::Engine<..., Quantizer>: this type does not satisfy infer::Quantizer on the chosen backend");
+                "chosen backend; the errors above name each missing or mistyped member (see infer/concepts.hpp)");
+  static_assert(diagnose_quantizer<Q, B>(),
+                "infer::Engine<..., Quantizer>: this type does not satisfy infer::Quantizer on the chosen backend; "
+                "the errors above name each missing or mistyped member (see infer/concepts.hpp)");
   static_assert(A::layout == Attn::layout,
                 "infer::Engine: the allocator's KV layout differs from the attention kernel's: a paged allocator "
                 "needs PagedAttention, a contiguous one FusedContiguousAttention");
@@ -129,11 +141,25 @@ class Engine {
       : Engine(ModelSource::open(path), std::move(options)) {}
 
   Engine(ModelSource source, EngineOptions options)
-      : options_((options.validate(), std::move(options))),
+      : Engine(Build{}, std::move(source), (options.validate(), engine_detail::make_scheduler<S>(options)), options) {}
+
+  /// With a scheduler built by the caller (e.g. `ContinuousBatchScheduler<MyPolicy>(config, MyPolicy{0.5})`);
+  /// `options.scheduler` is then unused, and the step bounds the model reserves for are the scheduler's.
+  Engine(const std::filesystem::path& path, EngineOptions options, S scheduler)
+      : Engine(ModelSource::open(path), std::move(options), std::move(scheduler)) {}
+
+  Engine(ModelSource source, EngineOptions options, S scheduler)
+      : Engine(Build{}, std::move(source), std::move(scheduler), (options.validate(), std::move(options))) {}
+
+ private:
+  struct Build {};
+  /// The one that builds; `options` are validated.
+  Engine(Build, ModelSource source, S scheduler, EngineOptions options)
+      : options_(std::move(options)),
         source_(std::make_unique<ModelSource>(std::move(source))),
         model_(model_type::load(*source_)),
         max_model_len_(resolve_max_len(model_.config(), options_)),
-        scheduler_(engine_detail::make_scheduler<S>(options_)),
+        scheduler_(std::move(scheduler)),
         alloc_(engine_detail::make_allocator<A>(options_, model_.kv_bytes_per_token(), max_model_len_, kv_budget())),
         cache_(static_cast<std::int32_t>(model_.config().num_layers), alloc_.num_blocks(), alloc_.block_size(),
                static_cast<std::int32_t>(model_.config().num_kv_heads), static_cast<std::int32_t>(model_.config().head_dim)),
@@ -153,6 +179,7 @@ class Engine {
       model_.prepare(cache_, max_model_len_, !options_.enforce_eager);  // GPU: tables, workspace, graphs
   }
 
+ public:
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -164,6 +191,9 @@ class Engine {
   [[nodiscard]] KvStats kv_stats() const { return alloc_.stats(); }
   [[nodiscard]] const EngineStats& stats() const noexcept { return stats_; }
   [[nodiscard]] const A& allocator() const noexcept { return alloc_; }
+  [[nodiscard]] const S& scheduler() const noexcept { return scheduler_; }
+  /// The scheduler itself, e.g. to change its policy's parameters between runs; not for planning steps.
+  [[nodiscard]] S& scheduler() noexcept { return scheduler_; }
   [[nodiscard]] const model_type& model() const noexcept { return model_; }
   /// The decoder itself, for diagnostics (e.g. LlamaModel<cuda>::set_step_timing); not for stepping it.
   [[nodiscard]] model_type& model() noexcept { return model_; }
@@ -172,6 +202,22 @@ class Engine {
   [[nodiscard]] std::size_t num_unfinished() const noexcept { return requests_.size(); }
   [[nodiscard]] std::size_t num_waiting() const { return scheduler_.num_waiting(); }
   [[nodiscard]] std::size_t num_running() const { return scheduler_.num_running(); }
+
+  /// The largest step the scheduler plans; a scheduler that does not say is taken to keep to the options'
+  /// token budget and sequence limit.
+  [[nodiscard]] StepBounds step_bounds() const {
+    if constexpr (kBoundsFromAllocator)
+      return scheduler_.bounds(alloc_);
+    else if constexpr (requires { { scheduler_.bounds() } -> std::same_as<StepBounds>; })
+      return scheduler_.bounds();
+    else
+      return {options_.scheduler.max_num_batched_tokens, options_.scheduler.max_num_seqs};
+  }
+
+  /// Calls `observer` after every step that computed something, with what the step did (StepTrace); an
+  /// empty function stops it. An exception from the observer leaves step() once the step is complete (its
+  /// outputs are then not returned: finished requests are gone).
+  void set_step_observer(std::function<void(const StepTrace&)> observer) { observer_ = std::move(observer); }
 
   /// Queues a request. InvalidArgument (nothing queued, nothing allocated) for invalid sampling
   /// parameters, an empty prompt, token ids outside the vocabulary, a prompt plus max_tokens beyond
@@ -215,6 +261,8 @@ class Engine {
     first.seq->prompt_len = static_cast<std::int32_t>(plen);
     first.seq->max_len = static_cast<std::int32_t>(plen + req->params.max_tokens);
     first.seq->arrival = next_arrival_++;
+    first.seq->priority = req->params.priority;
+    first.seq->tag = req->params.tag;
     scheduler_.check(*first.seq, std::as_const(alloc_));  // throws before anything is queued
     scheduler_.add(first.seq.get());
     stats_.requests_added++;
@@ -251,7 +299,9 @@ class Engine {
       if (auto* r = owner(s)) r->output.metrics.preemptions++;
     }
     for (const BlockCopy& c : plan.copies) cache_.copy_block(c.src, c.dst);
+    require_progress<S>(plan, scheduler_.num_waiting(), scheduler_.num_running(), alloc_);
     if (plan.empty()) return out;
+    if (observer_) begin_trace(plan);
     stats_.steps++;
 
     chunks_.clear();
@@ -281,6 +331,7 @@ class Engine {
       if (pick == Pick::host) model_.forward(chunks_, cache_, logits_);
     } catch (const std::exception& e) {
       fail_plan(plan, e.what(), out);
+      end_trace();
       return out;
     }
 
@@ -355,6 +406,7 @@ class Engine {
       }
       if (req.output.finished) retire(it);
     }
+    end_trace();
     return out;
   }
 
@@ -393,17 +445,6 @@ class Engine {
   static constexpr bool kBoundsFromAllocator = requires(const S& s, const A& a) {
     { s.bounds(a) } -> std::same_as<StepBounds>;
   };
-
-  /// The largest step the scheduler plans; a scheduler that does not say is taken to keep to the options'
-  /// token budget and sequence limit.
-  [[nodiscard]] StepBounds step_bounds() const {
-    if constexpr (kBoundsFromAllocator)
-      return scheduler_.bounds(alloc_);
-    else if constexpr (requires { { scheduler_.bounds() } -> std::same_as<StepBounds>; })
-      return scheduler_.bounds();
-    else
-      return {options_.scheduler.max_num_batched_tokens, options_.scheduler.max_num_seqs};
-  }
 
   /// The KV budget when options give none. A GPU model first reserves the activations of the largest
   /// step, then says what gpu_memory_utilization leaves; the CPU takes a fixed default. A fixed-shape
@@ -508,6 +549,8 @@ class Engine {
       child.seq->prompt_len = parent.prompt_len;
       child.seq->max_len = parent.max_len;
       child.seq->arrival = parent.arrival;
+      child.seq->priority = parent.priority;
+      child.seq->tag = parent.tag;
       child.seq->num_computed = parent.num_computed;
       scheduler_.fork(&parent, child.seq.get(), alloc_);
       scratch_.assign(fork_rows_.begin(), fork_rows_.end());
@@ -553,6 +596,8 @@ class Engine {
     o.delta_text += rest;
     o.finish_reason = reason;
     scheduler_.finish(s.seq.get(), alloc_);
+    require_released<S>(*s.seq, alloc_);
+    if (tracing_) trace_.finished.push_back({req.output.id, s.seq->id, reason});
     if (--req.unfinished == 0 && !awaits_fork(req)) complete(req);
   }
 
@@ -579,6 +624,34 @@ class Engine {
   void retire(It it) {
     for (auto& s : it->second->samples) seq_owner_.erase(s.seq.get());
     requests_.erase(it);
+  }
+
+  /// Records the plan of the step about to run (the observer gets it, completed, from end_trace()).
+  void begin_trace(const StepPlan& plan) {
+    tracing_ = true;
+    trace_.step = stats_.steps;
+    trace_.chunks.clear();
+    trace_.admitted.clear();
+    trace_.preempted.clear();
+    trace_.finished.clear();
+    auto ref = [this](const Sequence* s) { return StepTrace::SeqRef{owner(s)->output.id, s->id}; };
+    for (const ScheduledChunk& c : plan.chunks)
+      trace_.chunks.push_back({owner(c.seq)->output.id, c.seq->id, c.start, c.count, is_decode(c), c.samples});
+    for (const Sequence* s : plan.admitted) trace_.admitted.push_back(ref(s));
+    for (const Sequence* s : plan.preempted) trace_.preempted.push_back(ref(s));
+  }
+
+  /// Completes the step's trace with the blocks and queues after it, and hands it to the observer.
+  void end_trace() {
+    if (!tracing_) return;
+    tracing_ = false;
+    const KvStats kv = alloc_.stats();
+    trace_.free_blocks = kv.free_blocks;
+    trace_.used_blocks = kv.used_blocks;
+    trace_.total_blocks = kv.total_blocks;
+    trace_.num_waiting = scheduler_.num_waiting();
+    trace_.num_running = scheduler_.num_running();
+    observer_(trace_);
   }
 
   /// The model failed on this step: every request in it fails with the message, and its blocks return.
@@ -628,6 +701,10 @@ class Engine {
   std::vector<SampleResult> device_results_;
   std::vector<Sequence*> touched_, forks_;
   std::vector<std::pair<RequestId, std::string>> failed_;
+
+  std::function<void(const StepTrace&)> observer_;
+  StepTrace trace_;      ///< the step being traced (reused: its vectors keep their capacity)
+  bool tracing_ = false;  ///< a step with an observer is under way
 };
 
 }  // namespace infer

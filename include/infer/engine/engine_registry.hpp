@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,11 @@ class EngineHandle {
   /// The model's tokenizer (nullptr when it has none). Tokenizer is immutable and thread-safe.
   [[nodiscard]] virtual const Tokenizer* tokenizer() const = 0;
   [[nodiscard]] virtual EngineInfo info() const = 0;
+  /// Engine::set_step_observer. Every EngineAdapter has it; a handle that cannot trace its steps (a test's
+  /// stand-in engine) says so with UnsupportedError rather than dropping the observer.
+  virtual void set_step_observer(std::function<void(const StepTrace&)> /*observer*/) {
+    throw UnsupportedError("this engine handle does not report its steps (set_step_observer)");
+  }
 };
 
 template <class E>
@@ -102,9 +108,12 @@ class EngineAdapter final : public EngineHandle {
       i.kind = "paged";
       i.block_size = engine_.kv_stats().block_size;
       i.max_input = i.max_output = i.max_model_len;
-      i.max_num_seqs = engine_.options().scheduler.max_num_seqs;
+      i.max_num_seqs = engine_.step_bounds().max_sequences;
     }
     return i;
+  }
+  void set_step_observer(std::function<void(const StepTrace&)> observer) override {
+    engine_.set_step_observer(std::move(observer));
   }
   [[nodiscard]] E& engine() noexcept { return engine_; }
 
@@ -237,15 +246,30 @@ inline std::unique_ptr<EngineHandle> make_engine(const ModelSpec& spec, const Ll
   });
 }
 
+/// Loads `spec` into an engine type of your own (e.g. the paged engine with your scheduler), behind the same
+/// EngineHandle as the registered ones, so infer::LLM and the server's engine thread run it unchanged:
+/// `E(spec.open(), options.engine_options, engine_args...)` (e.g. a scheduler instance, see Engine). The
+/// engine's backend is its type's: InvalidArgument when `spec.backend` names the other one ("auto" takes
+/// the type's). `options.engine`, `block_size` and `quantizer` choose among the registered engines only.
+template <class E, class... Args>
+std::unique_ptr<EngineHandle> make_engine(const ModelSpec& spec, const LlmOptions& options, Args&&... engine_args) {
+  spec.validate();
+  const std::string_view own = std::is_same_v<typename E::backend, cuda> ? "cuda" : "cpu";
+  if (spec.backend != "auto" && spec.backend != own)
+    throw InvalidArgument(detail::cat("this engine type runs on the ", own, " backend, but backend '", spec.backend,
+                                      "' was asked for; use '", own, "' or 'auto'"));
+  return std::make_unique<EngineAdapter<E>>(spec.open(), options.engine_options, std::forward<Args>(engine_args)...);
+}
+
 // Compiled once in kernels/: programs that include this header link them instead of instantiating them.
-extern template class Engine<cpu, llama, PagedBlockAllocator<8>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
-extern template class Engine<cpu, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
-extern template class Engine<cpu, llama, PagedBlockAllocator<32>, ContinuousBatchScheduler<>, PagedAttention<>, F32>;
+extern template class Engine<cpu, llama, PagedBlockAllocator<8>, PriorityScheduler, PagedAttention<>, F32>;
+extern template class Engine<cpu, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, F32>;
+extern template class Engine<cpu, llama, PagedBlockAllocator<32>, PriorityScheduler, PagedAttention<>, F32>;
 extern template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
                              StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, F32>;
 #if defined(INFER_HAVE_CUDA)
-extern template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, GgufInPlace>;
-extern template class Engine<cuda, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, Bf16>;
+extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, GgufInPlace>;
+extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Bf16>;
 extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
                              StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, GgufInPlace>;
 extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,

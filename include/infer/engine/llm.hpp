@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "infer/engine/engine_registry.hpp"
@@ -52,6 +54,12 @@ class LLM {
   /// A model file or a dummy shape, on the backend `spec` names. Errors as make_engine.
   LLM(const ModelSpec& spec, LlmOptions options) : options_(std::move(options)), engine_(make_engine(spec, options_)) {}
 
+  /// An engine type of your own (`std::in_place_type<MyEngine>`), built as make_engine<E> builds it: from
+  /// `spec`, `options.engine_options` and `engine_args` (e.g. a scheduler instance).
+  template <class E, class... Args>
+  LLM(std::in_place_type_t<E>, const ModelSpec& spec, LlmOptions options, Args&&... engine_args)
+      : options_(std::move(options)), engine_(make_engine<E>(spec, options_, std::forward<Args>(engine_args)...)) {}
+
   [[nodiscard]] const Tokenizer& tokenizer() const {
     const Tokenizer* t = engine_->tokenizer();
     require<InvalidArgument>(t != nullptr, "this model has no tokenizer");
@@ -61,9 +69,13 @@ class LLM {
   [[nodiscard]] KvStats kv_stats() const { return engine_->kv_stats(); }
   [[nodiscard]] EngineStats stats() const { return engine_->stats(); }
   [[nodiscard]] const GenerationSummary& last_summary() const noexcept { return summary_; }
-  [[nodiscard]] std::string_view engine_name() const noexcept { return options_.engine; }
   /// Which engine runs, on which backend, with which limits.
   [[nodiscard]] EngineInfo info() const { return engine_->info(); }
+  /// Engine::set_step_observer: `observer` sees every step of the runs that follow (e.g. a
+  /// JsonlTraceWriter); an empty function stops it.
+  void set_step_observer(std::function<void(const StepTrace&)> observer) {
+    engine_->set_step_observer(std::move(observer));
+  }
 
   /// Completes every prompt; results in prompt order. Throws InvalidArgument naming the first bad prompt
   /// (nothing is run then).
@@ -91,7 +103,16 @@ class LLM {
   }
 
   std::vector<RequestOutput> generate_ids(std::span<const std::vector<std::int32_t>> prompts, const SamplingParams& params) {
-    return run(*engine_, prompts, params);
+    return run(*engine_, prompts, [&](std::size_t) -> const SamplingParams& { return params; });
+  }
+
+  /// One SamplingParams per prompt (e.g. each with its own priority or tag). InvalidArgument when the
+  /// counts differ.
+  std::vector<RequestOutput> generate_ids(std::span<const std::vector<std::int32_t>> prompts,
+                                          std::span<const SamplingParams> params) {
+    require<InvalidArgument>(params.size() == prompts.size(), "generate_ids: ", prompts.size(), " prompts but ",
+                             params.size(), " SamplingParams; give one per prompt");
+    return run(*engine_, prompts, [&](std::size_t i) -> const SamplingParams& { return params[i]; });
   }
 
   [[nodiscard]] ChatTemplate chat_template() const {
@@ -102,8 +123,10 @@ class LLM {
  private:
   using Clock = std::chrono::steady_clock;
 
+  /// Runs every prompt, `params_of(i)` being prompt i's parameters.
+  template <class ParamsOf>
   std::vector<RequestOutput> run(EngineHandle& engine, std::span<const std::vector<std::int32_t>> prompts,
-                                 const SamplingParams& params) {
+                                 ParamsOf params_of) {
     const auto start = Clock::now();
     const EngineStats before = engine.stats();
     kv_peak_ = {};
@@ -113,7 +136,7 @@ class LLM {
     try {
       for (std::size_t i = 0; i < prompts.size(); ++i) {
         try {
-          ids.push_back(engine.add_request(prompts[i], params));
+          ids.push_back(engine.add_request(prompts[i], params_of(i)));
         } catch (const InvalidArgument& e) {
           throw InvalidArgument(detail::cat("prompt ", i, ": ", e.what()));
         }

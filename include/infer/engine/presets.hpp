@@ -2,7 +2,9 @@
 /// \file
 /// The two engines most users want, as aliases over `Engine`:
 ///   PagedEngine  — vLLM's way: PagedAttention over block tables, continuous batching, chunked prefill,
-///                  preemption by recompute, automatic prefix caching. Runtime shapes.
+///                  preemption by recompute, automatic prefix caching. Runtime shapes. Requests are served
+///                  by SamplingParams::priority (PriorityOrder; first come, first served among equals,
+///                  which is every request that sets none).
 ///   StaticEngine — TensorRT-LLM's way: shapes fixed at build time (a `Shape`), one preallocated
 ///                  contiguous KV slot per batch entry, in-flight refill of finished slots.
 /// Both read weights through the same Quantizer and run the same decoder; only the policies differ.
@@ -31,7 +33,7 @@ template <class B>
 using default_quantizer = std::conditional_t<std::is_same_v<B, cuda>, GgufInPlace, F32>;
 
 template <class B = cpu, std::int32_t BlockSize = 16, class Q = default_quantizer<B>>
-using PagedEngine = Engine<B, llama, PagedBlockAllocator<BlockSize>, ContinuousBatchScheduler<>, PagedAttention<>, Q>;
+using PagedEngine = Engine<B, llama, PagedBlockAllocator<BlockSize>, PriorityScheduler, PagedAttention<>, Q>;
 
 /// A static engine of `S` slots; `S = kShapeAtRuntime` takes its shape from EngineOptions::static_shape
 /// (its scheduler then runs as many sequences as the shape has slots).

@@ -27,6 +27,7 @@ struct SamplingParams {
   static constexpr std::size_t max_stop_strings = 16;
   static constexpr std::size_t max_stop_bytes = 256;
   static constexpr std::int32_t max_logprobs = 20;
+  static constexpr std::size_t max_tag_bytes = 256;
   /// Temperatures below this are treated as greedy (as vLLM does): dividing logits by ~1e-7 would
   /// overflow to inf, and the distribution is one-hot to float precision anyway.
   static constexpr float greedy_epsilon = 1e-5f;
@@ -48,6 +49,16 @@ struct SamplingParams {
   std::optional<std::int32_t> logprobs;  ///< top logprobs returned per token; 0 = only the sampled token's
   bool skip_special_tokens = true;    ///< leave special tokens' text out of the output text
   bool include_stop_str_in_output = false;  ///< keep the matched stop string (or stop token's text)
+
+  // Not sampling but scheduling: carried here so every way a request enters (add_request, infer::LLM,
+  // infer-generate's JSONL prompts, a server's request body) brings them to the scheduler unchanged. The
+  // engine copies them into each of the request's Sequences.
+  /// vLLM's `priority`: lower is served earlier (admitted first, preempted last) by a scheduler that
+  /// orders by it — the stock paged engine's PriorityOrder; others ignore it. Any value; 0 by default.
+  std::int32_t priority = 0;
+  /// A free-form class for a policy of your own to read (e.g. "interactive", "batch"); UTF-8, at most
+  /// max_tag_bytes.
+  std::string tag;
 
   /// True when sampling reduces to argmax.
   [[nodiscard]] bool greedy() const noexcept { return temperature < greedy_epsilon; }
@@ -129,6 +140,14 @@ struct SamplingParams {
                                           vocab_size ? detail::cat(" (the vocabulary has ", *vocab_size, " tokens)")
                                                      : std::string()));
       }
+    }
+    if (tag.size() > max_tag_bytes) {
+      throw InvalidArgument(detail::cat("SamplingParams: tag is ", tag.size(), " bytes long; at most ", max_tag_bytes,
+                                        " bytes are allowed"));
+    }
+    if (!utf8::is_valid(tag)) {
+      throw InvalidArgument(detail::cat("SamplingParams: tag is not valid UTF-8 (first bad byte at offset ",
+                                        utf8::valid_prefix_length(tag), ")"));
     }
     if (logprobs && (*logprobs < 0 || *logprobs > max_logprobs)) {
       throw InvalidArgument(detail::cat("SamplingParams: logprobs = ", *logprobs, " is out of range; use a value in [0, ",

@@ -1,99 +1,139 @@
 #pragma once
 /// \file
-/// `ContinuousBatchScheduler`: vLLM-style continuous batching over any `BlockAllocator`. Every step
-/// it (1) gives each running sequence its next tokens — a decode, or the next chunk of a chunked
-/// prefill — growing its KV blocks and preempting the newest running sequence by recompute when the
-/// cache is full, then (2) admits waiting sequences while the token budget, `max_num_seqs` and free
-/// blocks allow. Capacity scheduling (who runs) and chunking (how many tokens) are decided together
-/// against one token budget, so a step never computes more than `max_num_batched_tokens`.
+/// `ContinuousBatchScheduler<Policy>`: vLLM-style continuous batching over any `BlockAllocator`. Every
+/// step it (1) gives each running sequence its next tokens — a decode, or the next chunk of a chunked
+/// prefill — growing its KV blocks and preempting a running sequence by recompute when the cache is full,
+/// then (2) admits waiting sequences while the token budget, `max_num_seqs` and free blocks allow.
+/// Capacity scheduling (who runs) and chunking (how many tokens) are decided together against one token
+/// budget, so a step never computes more than `max_num_batched_tokens`.
 ///
-/// The order in which waiting sequences are admitted is the one extension point: a `Policy`.
+/// This is the one continuous-batching machinery; a `Policy` changes its decisions without rewriting it.
+/// A policy is either
+///
+/// - a **waiting order**: a strict weak order `bool(const Sequence& a, const Sequence& b)`, true when `a`
+///   is admitted before `b` (`Fcfs`, the default). It is consulted when a sequence is added (the queue is
+///   kept sorted: no sort per step), so the keys it reads must not change while a sequence waits.
+/// - a **policy object** with any of these hooks (detected by name; a hook that is declared with another
+///   signature is a compile error naming the expected one):
+///
+///   | hook | effect |
+///   | ---- | ------ |
+///   | `double score(const Sequence&, const StepContext&)` | re-evaluated every step: waiting sequences are admitted, and running ones planned, highest score first (ties: earlier arrival); the running sequence planned last is the default preemption victim |
+///   | `std::int32_t prefill_budget(const StepContext&)` | caps this step's prefill tokens (new admissions and continuing prompt chunks; a running sequence's single next token is a decode and is never capped) |
+///   | `Sequence* victim(std::span<Sequence* const> candidates, const StepContext&)` | which running sequence to preempt when blocks run short; `candidates` are those not yet planned in this step (the default takes the last) and the answer must be one of them |
 ///
 /// ```cpp
-/// // Admit short prompts first (ties: first come, first served).
-/// struct ShortestPromptFirst {
-///   bool operator()(const infer::Sequence& a, const infer::Sequence& b) const {
-///     return a.prompt_len != b.prompt_len ? a.prompt_len < b.prompt_len : a.arrival < b.arrival;
+/// // Shortest prompt first, aged by waiting time; at most 16 prefill tokens per step.
+/// struct AgedShortestFirst {
+///   double score(const infer::Sequence& s, const infer::StepContext& ctx) const {
+///     return -s.prompt_len + 0.5 * static_cast<double>(ctx.step - s.added_step);
 ///   }
+///   std::int32_t prefill_budget(const infer::StepContext&) const { return 16; }
 /// };
-/// infer::ContinuousBatchScheduler<ShortestPromptFirst> scheduler(config);
+/// infer::ContinuousBatchScheduler<AgedShortestFirst> scheduler(config);
 /// ```
 ///
-/// A policy is a strict weak order over sequences: `policy(a, b)` is true when `a` is admitted before
-/// `b`. It is consulted when a sequence is added (the waiting queue is kept sorted, so scheduling costs
-/// no sort per step); the keys it reads must therefore not change while a sequence waits — true of
-/// everything in `Sequence`, since waiting sequences are not advanced. A stateful policy is passed to
-/// the constructor. Preempted sequences are not re-ordered by the policy: they resume first, oldest
-/// first, because they were already admitted once and starving them wastes the work they had done.
-///
-/// Admission is strict: it stops at the first sequence (in policy order) that does not fit, so a large
-/// request is never overtaken forever by a stream of smaller ones that happen to fit.
+/// Whatever the policy, preempted sequences resume before new ones, oldest first: they were admitted
+/// once, and starving them wastes the work they had done. Admission is strict: it stops at the first
+/// sequence (in policy order) that does not fit, so a large request is never overtaken forever by a
+/// stream of smaller ones that happen to fit. A stateful policy is passed to the constructor and reached
+/// through `policy()`.
 
 #include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
 #include "infer/concepts.hpp"
 #include "infer/core/error.hpp"
+#include "infer/core/type_name.hpp"
 #include "infer/sched/scheduler_config.hpp"
 #include "infer/sched/sequence.hpp"
 #include "infer/sched/step_plan.hpp"
 
 namespace infer {
 
+/// What a policy's hooks see of the step being planned. Counts are taken when planning begins.
+struct StepContext {
+  std::int64_t step = 0;         ///< this schedule() call's index: 0, 1, 2, ... (Sequence::added_step counts the same)
+  std::int32_t free_blocks = 0;  ///< the allocator's free KV blocks
+  std::int32_t total_blocks = 0;
+  std::size_t num_running = 0;
+  std::size_t num_waiting = 0;   ///< new and preempted
+};
+
 /// First come, first served: by `Sequence::arrival`. The default, and vLLM's.
 struct Fcfs {
   bool operator()(const Sequence& a, const Sequence& b) const noexcept { return a.arrival < b.arrival; }
 };
 
-/// What a `ContinuousBatchScheduler` policy must be: `policy(a, b)` true when `a` goes before `b`.
+/// vLLM's priority scheduling: a lower `Sequence::priority` (SamplingParams::priority) is admitted first,
+/// planned first and preempted last (among equals, the newest goes first). With every priority equal it
+/// plans exactly as Fcfs. The stock paged engine uses it.
+struct PriorityOrder {
+  double score(const Sequence& s, const StepContext& /*ctx*/) const noexcept { return -static_cast<double>(s.priority); }
+};
+
+/// A `ContinuousBatchScheduler` policy that is a waiting order: `policy(a, b)` true when `a` goes before `b`.
 template <class P>
 concept WaitingOrder = std::copy_constructible<P> && std::predicate<const P&, const Sequence&, const Sequence&>;
 
+/// The hooks a policy object may have (see the file comment); each concept is true when the hook can be
+/// called as the scheduler calls it.
+template <class P>
+concept ScoresSequences = requires(P& p, const Sequence& s, const StepContext& ctx) {
+  { p.score(s, ctx) } -> std::convertible_to<double>;
+};
+template <class P>
+concept BudgetsPrefill = requires(P& p, const StepContext& ctx) {
+  { p.prefill_budget(ctx) } -> std::integral;
+};
+template <class P>
+concept ChoosesVictim = requires(P& p, std::span<Sequence* const> candidates, const StepContext& ctx) {
+  { p.victim(candidates, ctx) } -> std::convertible_to<Sequence*>;
+};
+
 namespace detail {
+// A member of this name exists (a non-template, non-overloaded one): if it is not callable as its hook,
+// the policy has a typo in its signature, not a missing hook.
+template <class P>
+concept names_score = requires { &P::score; };
+template <class P>
+concept names_prefill_budget = requires { &P::prefill_budget; };
+template <class P>
+concept names_victim = requires { &P::victim; };
+template <class P>
+concept has_a_hook = ScoresSequences<P> || BudgetsPrefill<P> || ChoosesVictim<P> || names_score<P> ||
+                     names_prefill_budget<P> || names_victim<P>;
+}  // namespace detail
 
-/// A chunk of `count` tokens from `seq`'s computed prefix on: the one place `samples` is decided.
-inline ScheduledChunk make_chunk(Sequence& seq, std::int32_t count) {
-  return ScheduledChunk{&seq, seq.num_computed, count, seq.num_computed + count == seq.len()};
-}
-
-/// A decode computes the single newest token of a sequence past its prompt; it goes first in the batch
-/// (kernels take the decode rows as one group, prefill chunks after them).
-inline bool is_decode(const ScheduledChunk& c) noexcept { return c.count == 1 && c.start >= c.seq->prompt_len; }
-
-/// How many leading tokens an admission may skip: what the prefix cache supplied, but never the last
-/// token, whose logits are needed to sample the next one.
-inline std::int32_t usable_cached(std::optional<std::int32_t> cached, const Sequence& seq) noexcept {
+/// How many leading tokens an admission may skip: what the prefix cache supplied (`alloc.allocate`'s
+/// answer), but never the last token, whose logits are needed to sample the next one. Public, as are
+/// make_chunk, is_decode and apply_plan (step_plan.hpp), for a scheduler of your own.
+inline std::int32_t usable_cached_tokens(std::optional<std::int32_t> cached, const Sequence& seq) noexcept {
   return std::clamp(cached.value_or(0), std::int32_t{0}, std::max(seq.len() - 1, std::int32_t{0}));
 }
 
-/// Puts `seq` into `running` after every sequence that arrived no later, so running order is arrival
-/// order (preemption takes the back: the newest). Linear from the back: admissions are mostly newest.
-inline void insert_by_arrival(std::vector<Sequence*>& running, Sequence* seq) {
-  auto it = running.end();
-  while (it != running.begin() && (*(it - 1))->arrival > seq->arrival) --it;
-  running.insert(it, seq);
-}
+namespace detail {
 
-/// Applies a step's chunks: shared by every scheduler, so "computed" means the same everywhere. (The
-/// chunks' blocks were committed to the prefix cache when they were planned: plan_chunk.)
-/// Chunks of sequences finished since the plan was made are skipped (their blocks are gone).
-inline void apply_plan(const StepPlan& plan) {
-  for (const auto& chunk : plan.chunks) {
-    Sequence& seq = *chunk.seq;
-    if (seq.status != SeqStatus::running) continue;
-    if (chunk.start != seq.num_computed || chunk.start + chunk.count > seq.len()) {
-      throw InvalidArgument(cat("update(): the plan computes tokens [", chunk.start, ", ", chunk.start + chunk.count,
-                                ") of sequence ", seq.id, ", which has ", seq.num_computed, " computed of ", seq.len(),
-                                " tokens; call update() exactly once with the plan the last schedule() returned"));
-    }
-    seq.num_computed += chunk.count;
-  }
+/// Whether `seq`'s next chunk is a decode: its single next token, past its prompt. Every other token is a
+/// prefill token (a prompt chunk, or the recompute of a preempted sequence) and counts against a policy's
+/// prefill_budget.
+inline bool decodes_next(const Sequence& seq) noexcept { return seq.num_uncomputed() == 1 && !seq.in_prefill(); }
+
+/// Puts `seq` into `q` after every sequence that arrived no later, so `q` stays in arrival order. Linear
+/// from the back: insertions are mostly the newest.
+template <class Container>
+void insert_by_arrival(Container& q, Sequence* seq) {
+  auto it = q.end();
+  while (it != q.begin() && (*(it - 1))->arrival > seq->arrival) --it;
+  q.insert(it, seq);
 }
 
 /// A forked child starts where its parent is (same computed tokens, same blocks) and runs right after it.
@@ -102,6 +142,7 @@ void join_as_sibling(std::vector<Sequence*>& running, std::vector<Sequence*>::it
                      A& alloc) {
   child.num_computed = (*parent)->num_computed;
   child.num_cached_tokens = (*parent)->num_cached_tokens;
+  child.added_step = (*parent)->added_step;
   alloc.fork(**parent, child);
   child.status = SeqStatus::running;
   running.insert(parent + 1, &child);
@@ -120,10 +161,28 @@ bool erase_one(Container& q, const Sequence* seq) {
 
 template <class Policy = Fcfs>
 class ContinuousBatchScheduler {
-  static_assert(WaitingOrder<Policy>,
-                "ContinuousBatchScheduler<Policy>: Policy must be a copyable callable "
-                "bool(const infer::Sequence& a, const infer::Sequence& b), true when a is admitted before b "
-                "(see infer::Fcfs)");
+  static_assert(std::copy_constructible<Policy>, "ContinuousBatchScheduler<Policy>: Policy must be copyable");
+  static_assert(WaitingOrder<Policy> || detail::has_a_hook<Policy>,
+                "ContinuousBatchScheduler<Policy>: Policy must be a waiting order, a callable "
+                "bool(const infer::Sequence& a, const infer::Sequence& b) true when a is admitted before b (see "
+                "infer::Fcfs), or a policy object with at least one hook: "
+                "double score(const infer::Sequence&, const infer::StepContext&), "
+                "std::int32_t prefill_budget(const infer::StepContext&), "
+                "infer::Sequence* victim(std::span<infer::Sequence* const> candidates, const infer::StepContext&)");
+  static_assert(!detail::names_score<Policy> || ScoresSequences<Policy>,
+                "ContinuousBatchScheduler<Policy>: Policy::score must be callable as "
+                "double score(const infer::Sequence&, const infer::StepContext&) (higher is served first)");
+  static_assert(!detail::names_prefill_budget<Policy> || BudgetsPrefill<Policy>,
+                "ContinuousBatchScheduler<Policy>: Policy::prefill_budget must be callable as "
+                "std::int32_t prefill_budget(const infer::StepContext&) (prefill tokens allowed in this step)");
+  static_assert(!detail::names_victim<Policy> || ChoosesVictim<Policy>,
+                "ContinuousBatchScheduler<Policy>: Policy::victim must be callable as "
+                "infer::Sequence* victim(std::span<infer::Sequence* const> candidates, const infer::StepContext&) "
+                "(one of the candidates)");
+  static_assert(!(WaitingOrder<Policy> && ScoresSequences<Policy>),
+                "ContinuousBatchScheduler<Policy>: Policy is both a waiting order and has a score hook; keep one");
+
+  static constexpr bool kScores = ScoresSequences<Policy>;
 
  public:
   using policy_type = Policy;
@@ -140,6 +199,8 @@ class ContinuousBatchScheduler {
     return {config_.max_num_batched_tokens, config_.max_num_seqs};
   }
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+  /// The policy object, e.g. to change a parameter between runs.
+  [[nodiscard]] Policy& policy() noexcept { return policy_; }
   [[nodiscard]] std::size_t num_waiting() const noexcept { return resumed_.size() + waiting_.size(); }
   [[nodiscard]] std::size_t num_running() const noexcept { return running_.size(); }
 
@@ -173,7 +234,8 @@ class ContinuousBatchScheduler {
     }
   }
 
-  /// Queues a new sequence (status waiting, no blocks) in policy order; equal keys keep add order.
+  /// Queues a new sequence (status waiting, no blocks): in the waiting order's place, else by arrival
+  /// (a score policy orders the queue when it plans); equal keys keep add order.
   void add(Sequence* seq) {
     if (seq == nullptr) throw InvalidArgument("add(): the sequence pointer is null");
     if (seq->status != SeqStatus::waiting) {
@@ -186,48 +248,65 @@ class ContinuousBatchScheduler {
       throw InvalidArgument(detail::cat("add(): sequence ", seq->id, " is already queued; add each sequence once"));
     }
     seq->num_computed = 0;
-    auto before = [this](const Sequence* a, const Sequence* b) { return policy_(*a, *b); };
-    waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), seq, before), seq);
+    seq->added_step = step_;
+    if constexpr (WaitingOrder<Policy>) {
+      auto before = [this](const Sequence* a, const Sequence* b) { return policy_(*a, *b); };
+      waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), seq, before), seq);
+    } else if constexpr (kScores) {
+      waiting_.push_back(seq);
+    } else {
+      detail::insert_by_arrival(waiting_, seq);
+    }
   }
 
   /// Plans one step and reserves its KV blocks through `alloc`. May preempt (plan.preempted). Throws
-  /// InvalidArgument only for a sequence check() would have rejected (it cannot run even alone).
+  /// InvalidArgument only for a sequence check() would have rejected (it cannot run even alone), and
+  /// PolicyError when a hook breaks its contract (a negative prefill budget, a NaN score, a victim that
+  /// was not a candidate).
   template <BlockAllocator A>
   StepPlan schedule(A& alloc) {
     StepPlan plan;
     plan.chunks.reserve(running_.size() + 8);
     prefills_.clear();
+    const StepContext ctx{step_++, alloc.num_free_blocks(), alloc.num_blocks(), running_.size(), num_waiting()};
     std::int32_t budget = config_.max_num_batched_tokens;
+    std::int32_t prefill_budget = step_prefill_budget(ctx, budget);
 
-    // (1) Running sequences, oldest first: the oldest are the last to be preempted.
-    for (std::size_t i = 0; i < running_.size() && budget > 0;) {
-      Sequence& seq = *running_[i];
-      const std::int32_t count = std::min(seq.num_uncomputed(), budget);
-      if (count <= 0) {  // nothing new since its last step (the engine appended no token): skip
+    // (1) Running sequences in policy order (score policies) or arrival order: the last planned are the
+    // first preempted, so a sequence visited earlier never loses a chunk it was given.
+    visit_.assign(running_.begin(), running_.end());
+    if constexpr (kScores) sort_by_score(visit_, ctx);
+    for (std::size_t i = 0; i < visit_.size() && budget > 0;) {
+      Sequence& seq = *visit_[i];
+      std::int32_t count = std::min(seq.num_uncomputed(), budget);
+      if (!detail::decodes_next(seq)) count = std::min(count, prefill_budget);
+      if (count <= 0) {  // nothing new since its last step (the engine appended no token), or no prefill left
         ++i;
         continue;
       }
-      if (!grow_or_preempt(seq, seq.num_computed + count, alloc, plan)) break;  // seq itself was preempted
-      push_chunk(plan, detail::make_chunk(seq, count));
-      alloc.commit(seq, seq.num_computed + count);
-      budget -= count;
+      if (!grow_or_preempt(seq, seq.num_computed + count, alloc, plan, i, ctx)) continue;  // seq was preempted
+      plan_chunk(plan, seq, count, alloc, budget, prefill_budget);
       ++i;
     }
 
     // (2) Admissions — not in a step that preempted: the blocks just freed would go to a newcomer
     // (or straight back to the victim), and the victim would thrash between waiting and running.
-    if (plan.preempted.empty() && admit_from(resumed_, alloc, plan, budget)) admit_from(waiting_, alloc, plan, budget);
+    if (plan.preempted.empty() && admit_from(resumed_, alloc, plan, budget, prefill_budget) &&
+        can_admit(budget, prefill_budget) && !waiting_.empty()) {
+      if constexpr (kScores) sort_by_score(waiting_, ctx);
+      admit_from(waiting_, alloc, plan, budget, prefill_budget);
+    }
 
     plan.chunks.insert(plan.chunks.end(), prefills_.begin(), prefills_.end());
     plan.copies = alloc.take_copies();
     return plan;
   }
 
-  /// After the engine ran `plan` and appended the sampled tokens: each chunk's tokens are computed and
-  /// their full blocks become prefix-cache entries.
+  /// After the engine ran `plan` and appended the sampled tokens: each chunk's tokens are computed (their
+  /// full blocks became prefix-cache entries when the chunk was planned).
   template <BlockAllocator A>
   void update(const StepPlan& plan, A& /*alloc: blocks were committed when planned*/) {
-    detail::apply_plan(plan);
+    apply_plan(plan);
   }
 
   /// Retires a finished or aborted sequence wherever it is, returning its blocks. Idempotent.
@@ -256,17 +335,73 @@ class ContinuousBatchScheduler {
   }
 
  private:
-  /// Grows `seq` to `tokens`, preempting from the newest running sequence while blocks are short.
-  /// False when `seq` itself had to be preempted.
+  /// The policy's prefill budget for this step (the whole token budget without the hook).
+  std::int32_t step_prefill_budget(const StepContext& ctx, std::int32_t budget) {
+    if constexpr (BudgetsPrefill<Policy>) {
+      const auto asked = policy_.prefill_budget(ctx);
+      if (std::cmp_less(asked, 0)) {
+        throw PolicyError(detail::cat(type_name<Policy>(), "::prefill_budget() returned ", asked, " at step ",
+                                      ctx.step, "; return the prefill tokens this step may compute (0 or more)"));
+      }
+      return std::cmp_less(asked, budget) ? static_cast<std::int32_t>(asked) : budget;
+    } else {
+      (void)ctx;
+      return budget;
+    }
+  }
+
+  /// Orders `seqs` by the policy's score, highest first; equal scores by arrival, then by their current
+  /// order (siblings share an arrival), so a plan never depends on the sort's tie-breaking.
+  template <class Container>
+  void sort_by_score(Container& seqs, const StepContext& ctx) {
+    keyed_.clear();
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      Sequence* s = seqs[i];
+      const double score = static_cast<double>(policy_.score(std::as_const(*s), ctx));
+      if (std::isnan(score)) {
+        throw PolicyError(detail::cat(type_name<Policy>(), "::score() returned NaN for sequence ", s->id, " at step ",
+                                      ctx.step, "; scores must be ordered numbers (higher is served first)"));
+      }
+      keyed_.push_back({score, s->arrival, i, s});
+    }
+    std::sort(keyed_.begin(), keyed_.end(), [](const Keyed& a, const Keyed& b) {
+      if (a.score != b.score) return a.score > b.score;
+      return a.arrival != b.arrival ? a.arrival < b.arrival : a.index < b.index;
+    });
+    for (std::size_t i = 0; i < keyed_.size(); ++i) seqs[i] = keyed_[i].seq;
+  }
+
+  /// Grows `seq` to `tokens`, preempting from the running sequences not yet planned in this step
+  /// (visit_[i..], seq first among them) while blocks are short. False when `seq` itself was preempted.
   template <class A>
-  bool grow_or_preempt(Sequence& seq, std::int32_t tokens, A& alloc, StepPlan& plan) {
+  bool grow_or_preempt(Sequence& seq, std::int32_t tokens, A& alloc, StepPlan& plan, std::size_t i,
+                       const StepContext& ctx) {
     while (!alloc.grow(seq, tokens)) {
       if (running_.size() == 1) throw unschedulable(seq, tokens, alloc);
-      Sequence* victim = running_.back();
+      Sequence* victim = choose_victim(std::span<Sequence* const>(visit_).subspan(i), ctx);
       preempt(victim, alloc, plan);
       if (victim == &seq) return false;
     }
     return true;
+  }
+
+  /// The policy's victim among `candidates` (never empty: the sequence being planned is one), else the
+  /// last: the newest, or the lowest score.
+  Sequence* choose_victim(std::span<Sequence* const> candidates, const StepContext& ctx) {
+    if constexpr (ChoosesVictim<Policy>) {
+      Sequence* v = policy_.victim(candidates, ctx);
+      if (std::find(candidates.begin(), candidates.end(), v) == candidates.end()) {
+        throw PolicyError(detail::cat(type_name<Policy>(), "::victim() returned ",
+                                      v ? detail::cat("sequence ", v->id) : std::string("nullptr"),
+                                      ", which is not one of its ", candidates.size(),
+                                      " candidates (the running sequences not yet planned in step ", ctx.step,
+                                      "); return one of them"));
+      }
+      return v;
+    } else {
+      (void)ctx;
+      return candidates.back();
+    }
   }
 
   /// The error for a sequence that cannot run even alone: only one check() would have rejected.
@@ -279,26 +414,31 @@ class ContinuousBatchScheduler {
         "); call check() before add() to reject it, and finish it with FinishReason::error"));
   }
 
-  /// Preemption by recompute: the victim drops its blocks and goes back to waiting, ahead of everyone.
+  /// Preemption by recompute: the victim drops its blocks and goes back to waiting, ahead of every new
+  /// sequence. It has no chunk in this step's plan: it is not yet planned (a candidate).
   template <class A>
   void preempt(Sequence* victim, A& alloc, StepPlan& plan) {
-    running_.pop_back();  // always the back: callers pass running_.back()
+    detail::erase_one(running_, victim);
+    detail::erase_one(visit_, victim);
     alloc.free(*victim);
     victim->status = SeqStatus::waiting;
     victim->num_computed = 0;  // num_cached_tokens keeps describing its last admission until the next
     ++victim->num_preemptions;
-    resumed_.push_front(victim);
+    detail::insert_by_arrival(resumed_, victim);
     plan.preempted.push_back(victim);
-    // A chunk already planned for the victim in this step cannot exist: running order is oldest first
-    // and the victim is the newest not yet visited (or the sequence being visited).
+  }
+
+  [[nodiscard]] bool can_admit(std::int32_t budget, std::int32_t prefill_budget) const noexcept {
+    return budget > 0 && prefill_budget > 0 && running_.size() < static_cast<std::size_t>(config_.max_num_seqs);
   }
 
   /// Admits from the front of `q` until something does not fit. True when `q` was emptied (so the
   /// next queue may be tried; strict order spans both queues).
   template <class A>
-  bool admit_from(std::deque<Sequence*>& q, A& alloc, StepPlan& plan, std::int32_t& budget) {
+  bool admit_from(std::deque<Sequence*>& q, A& alloc, StepPlan& plan, std::int32_t& budget,
+                  std::int32_t& prefill_budget) {
     while (!q.empty()) {
-      if (budget <= 0 || running_.size() >= static_cast<std::size_t>(config_.max_num_seqs)) return false;
+      if (!can_admit(budget, prefill_budget)) return false;
       Sequence& seq = *q.front();
       const std::optional<std::int32_t> cached = alloc.allocate(seq);
       // With nothing running and every block free, waiting cannot help: fail loudly, not livelock.
@@ -307,11 +447,11 @@ class ContinuousBatchScheduler {
         if (alone && alloc.num_free_blocks() == alloc.num_blocks()) throw unschedulable(seq, seq.len(), alloc);
         return false;
       }
-      const std::int32_t computed = detail::usable_cached(cached, seq);
+      const std::int32_t computed = usable_cached_tokens(cached, seq);
       const std::int32_t needed = seq.len() - computed;
-      if (!config_.enable_chunked_prefill && needed > budget) {
+      if (!config_.enable_chunked_prefill && needed > std::min(budget, prefill_budget)) {
         alloc.free(seq);  // must fit whole; its cached prefix stays cached for the next try
-        if (alone) throw unschedulable(seq, seq.len(), alloc);
+        if (alone && needed > budget) throw unschedulable(seq, seq.len(), alloc);
         return false;
       }
       seq.num_computed = computed;
@@ -319,28 +459,49 @@ class ContinuousBatchScheduler {
       seq.status = SeqStatus::running;
       q.pop_front();
       detail::insert_by_arrival(running_, &seq);
-      const std::int32_t count = std::min(needed, budget);
-      push_chunk(plan, detail::make_chunk(seq, count));
-      alloc.commit(seq, seq.num_computed + count);  // later admissions of this step may share these blocks
-      budget -= count;
+      plan.admitted.push_back(&seq);
+      // Later admissions of this step may share the blocks plan_chunk commits.
+      plan_chunk(plan, seq, std::min({needed, budget, prefill_budget}), alloc, budget, prefill_budget);
     }
     return true;
   }
 
-  void push_chunk(StepPlan& plan, const ScheduledChunk& chunk) {
-    if (detail::is_decode(chunk)) {
+  /// Puts `count` tokens of `seq` into the plan (decodes first in the batch, prefill chunks after) and
+  /// commits their blocks: sequences admitted later in this step may share them.
+  template <class A>
+  void plan_chunk(StepPlan& plan, Sequence& seq, std::int32_t count, A& alloc, std::int32_t& budget,
+                  std::int32_t& prefill_budget) {
+    if (!detail::decodes_next(seq)) prefill_budget -= count;
+    const ScheduledChunk chunk = make_chunk(seq, count);
+    if (is_decode(chunk)) {
       plan.chunks.push_back(chunk);
     } else {
       prefills_.push_back(chunk);
     }
+    alloc.commit(seq, seq.num_computed + count);
+    budget -= count;
   }
+
+  struct Keyed {
+    double score;
+    std::uint64_t arrival;
+    std::size_t index;
+    Sequence* seq;
+  };
 
   SchedulerConfig config_;
   Policy policy_;
-  std::vector<Sequence*> running_;    ///< admitted, in arrival order (back = newest = next victim)
+  std::int64_t step_ = 0;             ///< schedule() calls so far: the next StepContext::step
+  std::vector<Sequence*> running_;    ///< admitted, in arrival order
   std::deque<Sequence*> resumed_;     ///< preempted, oldest first: admitted before waiting_
-  std::deque<Sequence*> waiting_;     ///< new, in policy order
-  std::vector<ScheduledChunk> prefills_;  ///< per-step scratch (kept to reuse its capacity)
+  std::deque<Sequence*> waiting_;     ///< new: in policy order (waiting orders), arrival or last step's score order
+  // Per-step scratch, kept to reuse its capacity.
+  std::vector<Sequence*> visit_;          ///< running_ in planning order; visit_[i..] are not yet planned
+  std::vector<ScheduledChunk> prefills_;  ///< prefill chunks, appended after the decodes
+  std::vector<Keyed> keyed_;              ///< scores of one sort
 };
+
+/// The stock priority scheduler: the paged engine's (presets.hpp).
+using PriorityScheduler = ContinuousBatchScheduler<PriorityOrder>;
 
 }  // namespace infer

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -52,6 +53,14 @@ struct Sequence {
   SeqStatus status = SeqStatus::waiting;
   std::int32_t num_preemptions = 0;
   std::int32_t num_cached_tokens = 0;  ///< tokens the prefix cache supplied at the last admission
+  /// The request's priority (SamplingParams::priority, vLLM's meaning: lower is served earlier; 0 by
+  /// default). Only policies that read it (PriorityOrder, a researcher's score) act on it.
+  std::int32_t priority = 0;
+  /// The request's free-form class (SamplingParams::tag), for policies that treat classes differently.
+  std::string tag;
+  /// The scheduler's step index when add() queued it (ContinuousBatchScheduler sets it): a policy ages a
+  /// waiting sequence by `StepContext::step - added_step`.
+  std::int64_t added_step = 0;
 
   [[nodiscard]] std::int32_t len() const noexcept { return static_cast<std::int32_t>(tokens.size()); }
   [[nodiscard]] std::int32_t num_uncomputed() const noexcept { return len() - num_computed; }

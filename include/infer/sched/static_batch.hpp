@@ -24,7 +24,7 @@
 
 #include "infer/concepts.hpp"
 #include "infer/core/error.hpp"
-#include "infer/sched/continuous_batch.hpp"  // detail:: chunk helpers shared by both schedulers
+#include "infer/sched/continuous_batch.hpp"  // the chunk helpers shared by both schedulers
 #include "infer/sched/sequence.hpp"
 #include "infer/sched/step_plan.hpp"
 
@@ -104,9 +104,7 @@ class StaticBatchScheduler {
                                         "; only a new (waiting) sequence can be added"));
     }
     seq->num_computed = 0;
-    auto it = waiting_.end();
-    while (it != waiting_.begin() && (*(it - 1))->arrival > seq->arrival) --it;
-    waiting_.insert(it, seq);
+    detail::insert_by_arrival(waiting_, seq);
   }
 
   /// Running sequences decode (or finish their prefill); free slots are refilled from the queue, each
@@ -129,7 +127,7 @@ class StaticBatchScheduler {
                                           "; StaticBatchScheduler needs an allocator that reserves a whole slot "
                                           "(max_input + max_output) at admission"));
       }
-      push_chunk(plan, detail::make_chunk(*seq, count));
+      push_chunk(plan, make_chunk(*seq, count));
       alloc.commit(*seq, seq->len());
     }
 
@@ -137,12 +135,13 @@ class StaticBatchScheduler {
       Sequence& seq = *waiting_.front();
       const std::optional<std::int32_t> cached = alloc.allocate(seq);
       if (!cached) break;  // no free slot (shared allocator): wait for the next finish
-      seq.num_computed = detail::usable_cached(cached, seq);
+      seq.num_computed = usable_cached_tokens(cached, seq);
       seq.num_cached_tokens = seq.num_computed;
       seq.status = SeqStatus::running;
       waiting_.pop_front();
       running_.push_back(&seq);
-      push_chunk(plan, detail::make_chunk(seq, seq.num_uncomputed()));
+      plan.admitted.push_back(&seq);
+      push_chunk(plan, make_chunk(seq, seq.num_uncomputed()));
       alloc.commit(seq, seq.len());
     }
 
@@ -154,7 +153,7 @@ class StaticBatchScheduler {
   template <class A>
     requires FixedShapeAllocator<A>
   void update(const StepPlan& plan, A& /*alloc*/) {
-    detail::apply_plan(plan);
+    apply_plan(plan);
   }
 
   /// Retires a finished or aborted sequence; its slot is refilled on the next schedule(). Idempotent.
@@ -191,7 +190,7 @@ class StaticBatchScheduler {
 
  private:
   void push_chunk(StepPlan& plan, const ScheduledChunk& chunk) {
-    if (detail::is_decode(chunk)) {
+    if (is_decode(chunk)) {
       plan.chunks.push_back(chunk);
     } else {
       prefills_.push_back(chunk);

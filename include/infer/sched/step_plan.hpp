@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "infer/core/error.hpp"
 #include "infer/sched/sequence.hpp"
 
 namespace infer {
@@ -39,6 +40,9 @@ struct StepBounds {
 struct StepPlan {
   std::vector<ScheduledChunk> chunks;  ///< batch order: decodes first, then prefill chunks
   std::vector<Sequence*> preempted;    ///< sent back to waiting in this step; their blocks are freed
+  /// Admitted from waiting in this step (new, or resuming after a preemption), in admission order. Only
+  /// reported (the engine's step trace); a scheduler that leaves it empty runs the same.
+  std::vector<Sequence*> admitted;
   std::vector<BlockCopy> copies;       ///< to apply before computing
 
   [[nodiscard]] bool empty() const noexcept { return chunks.empty(); }
@@ -48,5 +52,33 @@ struct StepPlan {
     return n;
   }
 };
+
+// ---- building blocks shared by the stock schedulers, public for a scheduler of your own ---------------
+
+/// A chunk of `count` tokens from `seq`'s computed prefix on: the one place `samples` is decided.
+inline ScheduledChunk make_chunk(Sequence& seq, std::int32_t count) {
+  return ScheduledChunk{&seq, seq.num_computed, count, seq.num_computed + count == seq.len()};
+}
+
+/// A decode computes the single newest token of a sequence past its prompt; it goes first in the batch
+/// (kernels take the decode rows as one group, prefill chunks after them).
+inline bool is_decode(const ScheduledChunk& c) noexcept { return c.count == 1 && c.start >= c.seq->prompt_len; }
+
+/// Applies a step's chunks (a scheduler's update()): shared by every scheduler, so "computed" means the
+/// same everywhere. Chunks of sequences finished since the plan was made are skipped (their blocks are gone).
+inline void apply_plan(const StepPlan& plan) {
+  for (const auto& chunk : plan.chunks) {
+    Sequence& seq = *chunk.seq;
+    if (seq.status != SeqStatus::running) continue;
+    if (chunk.start != seq.num_computed || chunk.start + chunk.count > seq.len()) {
+      throw InvalidArgument(detail::cat("update(): the plan computes tokens [", chunk.start, ", ",
+                                        chunk.start + chunk.count, ") of sequence ", seq.id, ", which has ",
+                                        seq.num_computed, " computed of ", seq.len(),
+                                        " tokens; call update() exactly once with the plan the last schedule() "
+                                        "returned"));
+    }
+    seq.num_computed += chunk.count;
+  }
+}
 
 }  // namespace infer

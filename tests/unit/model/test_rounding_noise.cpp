@@ -12,7 +12,7 @@
 
 #include "infer/engine/presets.hpp"
 #include "infer/model/dummy.hpp"
-#include "support/dummy_shapes.hpp"
+#include "infer/testing/tiny_model.hpp"
 #include "support/greedy_workload.hpp"
 #include "support/rounding_noise.hpp"
 #include "support/test_seed.hpp"
@@ -20,6 +20,7 @@
 
 using namespace infer;
 using namespace infer::test;
+using namespace infer::testing;
 
 namespace {
 

@@ -2,16 +2,16 @@
 
 #include <string>
 
-#include "fake_allocator.hpp"
 #include "infer/concepts.hpp"
 #include "infer/core/error.hpp"
 #include "infer/sched/continuous_batch.hpp"
 #include "infer/sched/scheduler_config.hpp"
+#include "infer/testing/fake_allocator.hpp"
 
 using namespace infer;
-using infer::test::FakePagedAllocator;
-using infer::test::FakeShape;
-using infer::test::FakeSlotAllocator;
+using infer::testing::FakePagedAllocator;
+using infer::testing::FakeShape;
+using infer::testing::FakeSlotAllocator;
 
 namespace {
 
@@ -23,9 +23,9 @@ struct ShortestPromptFirst {
 };
 
 using Fifo = ContinuousBatchScheduler<>;
-using Sim = test::SimEngine<Fifo, FakePagedAllocator>;
+using Sim = testing::SimEngine<Fifo, FakePagedAllocator>;
 
-using test::rows;
+using testing::rows;
 
 std::string ids(const std::vector<Sequence*>& seqs) {
   std::string out;
@@ -179,7 +179,7 @@ TEST_CASE("decodes and prefill chunks share a step, decodes come first", "[sched
   SECTION("a younger sequence's decode goes before an older one's prefill chunk") {
     ContinuousBatchScheduler<ShortestPromptFirst> sched(config(4, 8));
     FakePagedAllocator alloc(100, 4);
-    test::SimEngine<ContinuousBatchScheduler<ShortestPromptFirst>, FakePagedAllocator> sim{sched, alloc};
+    testing::SimEngine<ContinuousBatchScheduler<ShortestPromptFirst>, FakePagedAllocator> sim{sched, alloc};
     sim.add(20, 2);  // arrival 0
     sim.add(3, 4);   // arrival 1, but shorter: admitted first
     CHECK(rows(sim.step()) == "2:0+3* 1:0+5");
@@ -201,7 +201,7 @@ TEST_CASE("a policy orders admission, the default is arrival order", "[sched][co
   }
   SECTION("ShortestPromptFirst: the short one first, the long one gets the rest") {
     ContinuousBatchScheduler<ShortestPromptFirst> sched(config(4, 8));
-    test::SimEngine<ContinuousBatchScheduler<ShortestPromptFirst>, FakePagedAllocator> sim{sched, alloc};
+    testing::SimEngine<ContinuousBatchScheduler<ShortestPromptFirst>, FakePagedAllocator> sim{sched, alloc};
     sim.add(20, 1);
     sim.add(4, 1);
     sim.add(4, 1);  // same length as 2: arrival breaks the tie
@@ -426,4 +426,51 @@ TEST_CASE("prefix-cache hits are skipped, but never the last token", "[sched][co
   CHECK(rows(sim.step()) == "1:8+4* 2:11+1*");
   CHECK(part.num_cached_tokens == 8);
   CHECK(full.num_cached_tokens == 11);
+}
+
+namespace {
+/// Forgets to return a finished sequence's blocks: it takes them again after finishing it.
+struct LeakingScheduler : Fifo {
+  using Fifo::Fifo;
+  template <class A>
+  void finish(Sequence* seq, A& alloc) {
+    const bool was_running = seq->status == SeqStatus::running;
+    Fifo::finish(seq, alloc);
+    if (was_running) static_cast<void>(alloc.allocate(*seq));
+  }
+};
+/// Never plans anything.
+struct IdleScheduler : Fifo {
+  using Fifo::Fifo;
+  template <class A>
+  StepPlan schedule(A&) {
+    return {};
+  }
+};
+}  // namespace
+
+TEST_CASE("SimEngine checks what the engine checks: blocks returned at finish, progress while holding work",
+          "[sched][continuous][invariants]") {
+  FakePagedAllocator alloc(12, 4);
+  SECTION("a finished sequence that keeps its blocks") {
+    LeakingScheduler sched(config(4, 64));
+    testing::SimEngine<LeakingScheduler, FakePagedAllocator> sim{sched, alloc};
+    sim.add(6, 1);
+    CHECK_THROWS_AS(sim.step(), PolicyError);
+    CHECK_THROWS_WITH(require_released<LeakingScheduler>(sim.seqs[0], alloc),
+                      Catch::Contains("scheduler (anonymous namespace)::LeakingScheduler: sequence 1 still holds 2 KV "
+                                      "blocks after finish() (10 of 12 blocks free)"));
+  }
+  SECTION("an empty plan while a sequence waits and none runs") {
+    IdleScheduler sched(config(4, 64));
+    testing::SimEngine<IdleScheduler, FakePagedAllocator> sim{sched, alloc};
+    sim.add(6, 1);
+    CHECK_THROWS_WITH(sim.step(), Catch::Contains("scheduler (anonymous namespace)::IdleScheduler planned an empty "
+                                                  "step while 1 sequences wait and 0 run (12 of 12 KV blocks free)"));
+  }
+  SECTION("nothing held, nothing planned: fine") {
+    IdleScheduler sched(config(4, 64));
+    testing::SimEngine<IdleScheduler, FakePagedAllocator> sim{sched, alloc};
+    CHECK(sim.step().empty());
+  }
 }

@@ -5,12 +5,12 @@
 #include <string>
 #include <vector>
 
-#include "fake_allocator.hpp"
 #include "infer/concepts.hpp"
 #include "infer/memory/contiguous_allocator.hpp"
 #include "infer/memory/paged_allocator.hpp"
 #include "infer/sched/continuous_batch.hpp"
 #include "infer/sched/static_batch.hpp"
+#include "infer/testing/fake_allocator.hpp"
 
 using namespace infer;
 
@@ -18,9 +18,9 @@ namespace {
 
 using Paged = PagedBlockAllocator<4>;
 using Fifo = ContinuousBatchScheduler<>;
-using Sim = test::SimEngine<Fifo, Paged>;
+using Sim = testing::SimEngine<Fifo, Paged>;
 
-using test::rows;
+using testing::rows;
 
 SchedulerConfig config(std::int32_t seqs, std::int32_t tokens) {
   SchedulerConfig c;

@@ -2,24 +2,24 @@
 
 #include <string>
 
-#include "fake_allocator.hpp"
 #include "infer/concepts.hpp"
 #include "infer/core/error.hpp"
 #include "infer/memory/contiguous_allocator.hpp"
 #include "infer/memory/paged_allocator.hpp"
 #include "infer/sched/static_batch.hpp"
+#include "infer/testing/fake_allocator.hpp"
 
 using namespace infer;
-using infer::test::FakePagedAllocator;
-using infer::test::FakeShape;
-using infer::test::FakeSlotAllocator;
+using infer::testing::FakePagedAllocator;
+using infer::testing::FakeShape;
+using infer::testing::FakeSlotAllocator;
 
 namespace {
 
 using Real = ContiguousAllocator<Shape{.max_batch = 2, .max_input = 8, .max_output = 4}>;
 using Fake = FakeSlotAllocator<FakeShape{2, 8, 4}>;
 
-using test::rows;
+using testing::rows;
 
 }  // namespace
 
@@ -35,7 +35,7 @@ TEMPLATE_TEST_CASE("a finished sequence's slot is refilled on the next step, pro
                    Fake) {
   StaticBatchScheduler<2> sched;
   TestType alloc;
-  test::SimEngine<StaticBatchScheduler<2>, TestType> sim(sched, alloc);
+  testing::SimEngine<StaticBatchScheduler<2>, TestType> sim(sched, alloc);
   sim.add(5, 1);  // done after its prefill
   sim.add(8, 4);  // exactly max_input: one 8-token chunk, no budget splits it
   sim.add(7, 2);
@@ -59,7 +59,7 @@ TEMPLATE_TEST_CASE("a finished sequence's slot is refilled on the next step, pro
 TEST_CASE("MaxBatch below the shape's max_batch limits the running set", "[sched][static]") {
   StaticBatchScheduler<1> sched;
   Real alloc;
-  test::SimEngine<StaticBatchScheduler<1>, Real> sim(sched, alloc);
+  testing::SimEngine<StaticBatchScheduler<1>, Real> sim(sched, alloc);
   sim.add(3, 2);
   sim.add(3, 2);
   CHECK(rows(sim.step()) == "1:0+3*");
@@ -74,7 +74,7 @@ TEMPLATE_TEST_CASE("check rejects what exceeds the build shape, at the exact lim
                    Fake) {
   StaticBatchScheduler<2> sched;
   TestType alloc;
-  test::SimEngine<StaticBatchScheduler<2>, TestType> sim(sched, alloc);
+  testing::SimEngine<StaticBatchScheduler<2>, TestType> sim(sched, alloc);
   CHECK_NOTHROW(sched.check(sim.make(8, 4), alloc));
   const Sequence& long_prompt = sim.make(9, 1);
   CHECK_THROWS_AS(sched.check(long_prompt, alloc), InvalidArgument);
@@ -90,7 +90,7 @@ TEMPLATE_TEST_CASE("check rejects what exceeds the build shape, at the exact lim
 TEST_CASE("static fork takes a slot of its own, and only while one is free", "[sched][static][fork]") {
   StaticBatchScheduler<2> sched;
   Real alloc;
-  test::SimEngine<StaticBatchScheduler<2>, Real> sim(sched, alloc);
+  testing::SimEngine<StaticBatchScheduler<2>, Real> sim(sched, alloc);
   Sequence& parent = sim.add(4, 2);
   sim.step();
   Sequence& child = sim.make(4, 2);
@@ -114,7 +114,7 @@ TEST_CASE("static fork takes a slot of its own, and only while one is free", "[s
 TEST_CASE("static abort returns the slot and never double-frees", "[sched][static]") {
   StaticBatchScheduler<2> sched;
   Fake alloc;
-  test::SimEngine<StaticBatchScheduler<2>, Fake> sim(sched, alloc);
+  testing::SimEngine<StaticBatchScheduler<2>, Fake> sim(sched, alloc);
   Sequence& a = sim.add(4, 4);
   Sequence& b = sim.add(4, 4);
   Sequence& c = sim.add(4, 4);

@@ -1,8 +1,19 @@
 #pragma once
-/// Minimal allocators for scheduler tests: block accounting only (no prefix hashing), so a scheduler
-/// test fails for the scheduler's reasons and not the allocator's. `FakePagedAllocator` has ref counts
-/// and copy-on-write on grow (enough to see forks in a plan); `FakeSlotAllocator<Shape>` is a
-/// contiguous, fixed-shape one for the static scheduler.
+/// \file
+/// Test a scheduler without a model. `FakePagedAllocator` and `FakeSlotAllocator<Shape>` are allocators
+/// that only count blocks (no prefix hashing), so a scheduler test fails for the scheduler's reasons and
+/// not the allocator's: the paged one has ref counts and copy-on-write on grow (enough to see forks in a
+/// plan), the slot one is a contiguous, fixed-shape one for a static scheduler. `SimEngine` is the
+/// engine's side of the loop (fake tokens, update, finish) with the engine's invariant checks, and
+/// `rows(plan)` prints a plan compactly:
+///
+/// ```cpp
+/// infer::testing::FakePagedAllocator alloc(/*blocks*/ 10, /*block_size*/ 4);
+/// MyScheduler sched(config);
+/// infer::testing::SimEngine sim{sched, alloc};
+/// sim.add(/*prompt*/ 8, /*max_new*/ 4);
+/// CHECK(infer::testing::rows(sim.step()) == "1:0+8*");   // sequence 1 computes tokens 0..7 and samples
+/// ```
 
 #include <algorithm>
 #include <cstdint>
@@ -16,9 +27,10 @@
 
 #include "infer/concepts.hpp"
 #include "infer/core/error.hpp"
+#include "infer/sched/invariants.hpp"
 #include "infer/sched/step_plan.hpp"
 
-namespace infer::test {
+namespace infer::testing {
 
 class FakePagedAllocator {
  public:
@@ -203,7 +215,9 @@ static_assert(BlockAllocator<FakePagedAllocator>);
 static_assert(BlockAllocator<FakeSlotAllocator<FakeShape{2, 8, 4}>>);
 
 /// The engine's side of the loop, without a model: owns the sequences (stable addresses), appends a
-/// fake token to every sampled chunk's sequence, calls update(), then finishes those at max_len.
+/// fake token to every sampled chunk's sequence, calls update(), then finishes those at max_len. As the
+/// engine, it throws PolicyError when a finished sequence keeps blocks (require_released) or a plan is
+/// empty while the scheduler holds sequences (require_progress).
 template <class Sched, class Alloc>
 struct SimEngine {
   SimEngine(Sched& s, Alloc& a) : sched(s), alloc(a) {}
@@ -231,6 +245,7 @@ struct SimEngine {
   }
   StepPlan step() {
     StepPlan plan = sched.schedule(alloc);
+    require_progress<Sched>(plan, sched.num_waiting(), sched.num_running(), alloc);
     for (const auto& c : plan.chunks) {
       if (c.samples) c.seq->tokens.push_back(-1);
     }
@@ -238,12 +253,14 @@ struct SimEngine {
     for (const auto& c : plan.chunks) {
       if (c.samples && c.seq->len() >= c.seq->max_len) {
         sched.finish(c.seq, alloc);
+        require_released<Sched>(*c.seq, alloc);
         finished.push_back(c.seq->id);
       }
     }
     return plan;
   }
-  /// Steps until nothing is left; returns the number of steps (bounded, so a livelock fails the test).
+  /// Steps until nothing is left; returns the number of steps (bounded, so a scheduler that keeps
+  /// planning without finishing anything fails the test instead of hanging it).
   int run_to_completion(int max_steps = 10000) {
     int steps = 0;
     while ((sched.num_running() > 0 || sched.num_waiting() > 0) && steps < max_steps) {
@@ -259,9 +276,9 @@ inline std::string rows(const StepPlan& plan) {
   std::string out;
   for (const auto& c : plan.chunks) {
     if (!out.empty()) out += ' ';
-    out += infer::detail::cat(c.seq->id, ':', c.start, '+', c.count, c.samples ? "*" : "");
+    out += detail::cat(c.seq->id, ':', c.start, '+', c.count, c.samples ? "*" : "");
   }
   return out;
 }
 
-}  // namespace infer::test
+}  // namespace infer::testing
