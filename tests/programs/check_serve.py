@@ -294,6 +294,9 @@ with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--se
     check_error(st, json.loads(b), 400, "bytes after the JSON document (behind a NUL)", param="body", contains=("NUL",))
     st, _, c = s.post("/v1/completions", {"prompt": "x", "max_tokens": 1}, {"Authorization": f"bearer {KEY}"})
     check(st == 200, f"the auth scheme is case-insensitive (RFC 7235): 'bearer KEY' gets {st}")
+    st, h, b = s.request("HEAD", "/health")
+    check(st == 200 and b == b"" and h.get("content-length") == str(len(b'{"status":"ok"}')),
+          f"HEAD /health: GET's head, no body: {st} {h} {b!r}")
     st, _, b = s.request("GET", "/v1/models?" + "q" * 9000, headers=AUTH)
     check_error(st, json.loads(b), 414, "a request target beyond 8 KiB", contains=("8192",))
     # every status is counted, whichever layer answered it

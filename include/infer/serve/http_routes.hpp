@@ -1,8 +1,9 @@
 #pragma once
 /// \file
 /// `HttpRoutes`: which handler answers a request, and what every response shares — the `HttpService` the
-/// transport (http_transport.hpp) serves. A handler is registered for a path and a method; a request for
-/// a path nobody serves is 404, for a known path with another method 405 (with `Allow`). With an API key,
+/// transport (http_transport.hpp) serves. A handler is registered for a path and a method (a GET handler
+/// answers HEAD too); a request for a path nobody serves is 404, for a known path with another method 405
+/// (with `Allow`). With an API key,
 /// every /v1/* path needs `Authorization: Bearer KEY` (the scheme in any case, RFC 7235; the key exactly),
 /// else 401; probes and scrapers reach the others without it, as in vLLM. Every error — a handler's
 /// exception, a refusal, one the transport makes itself (408, 413, 414, 431, 503) — gets OpenAI's body
@@ -89,7 +90,7 @@ class HttpRoutes final : public HttpService {
                                        "unknown_url"));
     std::string allowed;
     for (const auto& [method, handler] : route->second) {
-      if (method == req.method) {
+      if (method == req.method || (method == "GET" && req.method == "HEAD")) {  // HEAD: GET's head (the transport drops the body)
         try {
           return handler(req);
         } catch (const std::exception& e) {

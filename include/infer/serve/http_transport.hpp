@@ -365,6 +365,7 @@ class HttpTransport::Connection : public std::enable_shared_from_this<Connection
       }
       disarm();
       keep_alive_ = keep_alive_ && msg.keep_alive() && !t_.stopping_;
+      head_only_ = msg.method() == http::verb::head;
       HttpRequest req;
       req.method = str(msg.method_string());
       req.path = std::string(path);
@@ -439,14 +440,21 @@ class HttpTransport::Connection : public std::enable_shared_from_this<Connection
   /// A whole response; false when it could not be written (the connection then closes).
   boost::asio::awaitable<bool> respond(HttpResponse r) {
     namespace http = boost::beast::http;
-    http::response<http::string_body> m;
-    fill_head(m, r);
-    m.body() = std::move(r.body);
-    m.prepare_payload();
     t_.service_.sent(r.route, r.status);
-    arm(Clock::now() + t_.o_.write_timeout);
     error_code ec;
-    co_await http::async_write(socket_, m, ec_token(ec));
+    arm(Clock::now() + t_.o_.write_timeout);
+    if (head_only_) {  // HEAD: the GET response's head, Content-Length included, and no body
+      http::response<http::empty_body> m;
+      fill_head(m, r);
+      m.content_length(r.body.size());
+      co_await http::async_write(socket_, m, ec_token(ec));
+    } else {
+      http::response<http::string_body> m;
+      fill_head(m, r);
+      m.body() = std::move(r.body);
+      m.prepare_payload();
+      co_await http::async_write(socket_, m, ec_token(ec));
+    }
     disarm();
     co_return !ec;
   }
@@ -476,24 +484,22 @@ class HttpTransport::Connection : public std::enable_shared_from_this<Connection
           ok = co_await respond(std::move(*p.head));
           break;
         }
+        t_.service_.sent(route, p.head->status);
+      }
+      // What this poll brought goes out in one write: the head (once), a chunk, the last chunk.
+      std::string out;
+      if (p.head) {
         http::response<http::empty_body> m;
         fill_head(m, *p.head);
         m.chunked(true);
-        t_.service_.sent(route, p.head->status);
         std::ostringstream os;
         os << m.base();
-        std::string head = os.str();
-        ok = co_await write(std::move(head));
+        out = os.str();
       }
-      if (ok && !p.data.empty()) {
-        std::string c = chunk(p.data);
-        ok = co_await write(std::move(c));
-      }
-      if (ok && p.done) {
-        std::string last = "0\r\n\r\n";
-        ok = co_await write(std::move(last));
-        break;
-      }
+      if (!p.data.empty()) out += chunk(p.data);
+      if (p.done) out += "0\r\n\r\n";
+      if (!out.empty()) ok = co_await write(std::move(out));
+      if (ok && p.done) break;
       if (!ok || gone_ || forced_) {
         src->cancel();
         ok = false;
@@ -585,6 +591,7 @@ class HttpTransport::Connection : public std::enable_shared_from_this<Connection
   Phase phase_ = Phase::idle;
   unsigned version_ = 11;
   bool keep_alive_ = true;
+  bool head_only_ = false;  ///< the request is a HEAD
   bool timed_out_ = false;
   bool closed_ = false;
   bool forced_ = false;

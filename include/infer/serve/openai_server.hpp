@@ -198,13 +198,15 @@ class OpenAIServer {
     throw *err;
   }
 
-  /// The most bytes of text one token stands for (computed once).
+  /// The most bytes of text one token stands for: its bytes, or an added token's literal text, which a
+  /// prompt may spell out (computed once).
   std::size_t max_token_bytes() const {
     std::call_once(longest_once_, [&] {
       const Tokenizer& tok = tokenizer();
       std::size_t longest = 1;
       for (std::size_t id = 0; id < tok.vocab_size(); ++id)
         longest = std::max(longest, tok.token_bytes(static_cast<std::int32_t>(id)).size());
+      for (const auto& added : tok.added_tokens()) longest = std::max(longest, added.content.size());
       longest_ = longest;
     });
     return longest_;

@@ -80,6 +80,8 @@ TEST_CASE("routes: 404 and 405 with Allow, handler errors in OpenAI's shape, lab
   CHECK(wrong.route == "/v1/completions");
   REQUIRE(wrong.headers.size() == 1);
   CHECK(wrong.headers[0] == std::pair<std::string, std::string>{"Allow", "POST"});
+  CHECK(routes.handle(request("HEAD", "/health")).status == 200);  // a GET route answers HEAD (the transport drops the body)
+  CHECK(openai_error(routes.handle(request("HEAD", "/v1/completions")), 405));
   const HttpResponse bad = routes.handle(request("GET", "/v1/models"));
   CHECK(openai_error(bad, 400));
   CHECK(json::parse(bad.body)["error"]["param"] == "model");
