@@ -318,6 +318,7 @@ class HttpTransport::Connection : public std::enable_shared_from_this<Connection
     for (bool first = true; !forced_; first = false) {
       // Idle until a request starts: the header deadline on a new connection, keep-alive after a response.
       phase_ = Phase::idle;
+      head_only_ = false;
       if (!keep_alive_) co_return;
       error_code ec;
       if (buffer_.size() == 0) {
