@@ -13,7 +13,7 @@ say() { printf 'setup: %s\n' "$*"; }
 
 # ---- system packages (DESIGN.md lists them) -------------------------------------------------------------
 packages=(build-essential cmake pkg-config git python3 python3-pip
-          libfmt-dev libspdlog-dev catch2 nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
+          libfmt-dev libspdlog-dev catch2 nlohmann-json3-dev libboost-dev libcli11-dev
           libpcre2-dev libxxhash-dev libopenblas-dev libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do

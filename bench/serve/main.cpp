@@ -10,11 +10,12 @@
 //   infer-bench-serve --dataset jsonl --dataset-path prompts.jsonl ...   lines {"prompt": ...} or {"messages": [...]}
 //
 // Output lengths are made exact (max_tokens with ignore_eos), as vLLM's benchmark does, so token
-// throughput compares across servers. The table goes to stdout, the JSON record to --result-dir
+// throughput compares across servers. Connections are kept alive and reused, as vLLM's benchmark's aiohttp
+// session does (--no-keep-alive: a new connection per request); failures are counted by cause (connect,
+// reset, closed, timeout, http_<status>, stream). The HTTP client is http_client.hpp. The table goes to stdout, the JSON record to --result-dir
 // (bench/results by default) as serve-<date>-<time>.json, or to --result-file.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
-#include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -34,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "http_client.hpp"
+
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -48,6 +51,7 @@ struct Prompt {
 /// What one request measured. Times in seconds from its own start.
 struct Outcome {
   bool ok = false;
+  bench::Cause cause = bench::Cause::none;  // why it failed
   std::string error;
   int status = 0;
   double ttft = 0, e2e = 0;
@@ -133,7 +137,6 @@ struct Target {
   int port = 8000;
   std::string api_key, model;
   bool chat = false;
-  double timeout_s = 600;
 };
 
 Target parse_url(const std::string& url) {
@@ -155,49 +158,21 @@ Target parse_url(const std::string& url) {
   return t;
 }
 
-httplib::Headers headers(const Target& t) {
-  httplib::Headers h;
-  if (!t.api_key.empty()) h.emplace("Authorization", "Bearer " + t.api_key);
-  return h;
-}
-
 /// Sends one streaming request and times its chunks as they arrive.
-Outcome run_one(const Target& t, const Prompt& p) {
+bench::net::awaitable<Outcome> run_one(bench::Client& client, const Target& t, const Prompt& p) {
   Outcome o;
   json body{{"model", t.model}, {"max_tokens", p.output_len}, {"ignore_eos", true}, {"temperature", 0},
             {"stream", true}, {"stream_options", {{"include_usage", true}}}};
   if (t.chat) body["messages"] = p.messages.is_array() ? p.messages : json::array({{{"role", "user"}, {"content", p.text}}});
   else body["prompt"] = p.text;
 
-  httplib::Client cli(t.host, t.port);
-  const auto secs = static_cast<time_t>(t.timeout_s);
-  cli.set_connection_timeout(10, 0);
-  cli.set_tcp_nodelay(true);  // the request's headers and body must not wait on a delayed ACK
-  cli.set_read_timeout(secs, 0);
-  cli.set_write_timeout(secs, 0);
-
-  httplib::Request req;
-  req.method = "POST";
-  req.path = t.chat ? "/v1/chat/completions" : "/v1/completions";
-  req.headers = headers(t);
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  std::string buffer, error_body;
+  std::string buffer;
   const auto start = Clock::now();
   std::optional<Clock::time_point> last;
   bool done = false;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
-  req.response_handler = [&](const httplib::Response& res) {
-    o.status = res.status;
-    if (res.has_header("X-Infer-Engine")) o.engine = res.get_header_value("X-Infer-Engine");
-    return true;
-  };
-  req.content_receiver = [&](const char* data, std::size_t n, std::uint64_t, std::uint64_t) {
-    if (o.status != 200) {
-      error_body.append(data, n);
-      return error_body.size() < 65536;
-    }
-    buffer.append(data, n);
+  auto on_body = [&](std::string_view data) {
+    buffer.append(data);
     // SSE events end with a blank line; a chunk may carry several events or part of one.
     for (std::size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
       const std::string event = buffer.substr(0, end);
@@ -212,11 +187,11 @@ Outcome run_one(const Target& t, const Prompt& p) {
       try {
         j = json::parse(payload);
       } catch (const json::exception&) {
-        o.error = "a streamed event is not valid JSON";
+        o.error = "stream: a streamed event is not valid JSON";
         return false;
       }
       if (j.contains("error")) {
-        o.error = j["error"].value("message", std::string("error event"));
+        o.error = "stream: " + j["error"].value("message", std::string("error event"));
         return false;
       }
       if (j.contains("usage") && j["usage"].is_object()) {
@@ -243,69 +218,100 @@ Outcome run_one(const Target& t, const Prompt& p) {
     }
     return true;
   };
-  auto res = cli.send(req);
+  std::string method = "POST", target = t.chat ? "/v1/chat/completions" : "/v1/completions", payload = body.dump();
+  bench::Client::BodyCallback callback = on_body;
+  const bench::Reply r = co_await client.request(std::move(method), std::move(target), std::move(payload), std::move(callback));
   o.e2e = seconds(Clock::now() - start);
-  if (!res) {
-    if (o.error.empty()) o.error = "connection: " + httplib::to_string(res.error());
-    return o;
-  }
-  if (o.status != 200) {
-    std::string msg = error_body;
+  o.status = r.status;
+  o.engine = r.engine;
+  o.cause = r.cause;
+  if (r.cause == bench::Cause::http) {
+    std::string msg = r.body;
     try {
-      msg = json::parse(error_body)["error"].value("message", error_body);
+      msg = json::parse(r.body)["error"].value("message", r.body);
     } catch (const json::exception&) {
     }
-    o.error = fmt::format("HTTP {}: {}", o.status, msg.substr(0, 300));
-    return o;
+    o.error = fmt::format("HTTP {}: {}", r.status, msg.substr(0, 300));
+  } else if (r.cause != bench::Cause::none) {
+    if (o.error.empty()) o.error = r.error;
+  } else {
+    o.cause = bench::Cause::stream;
+    if (!done) o.error = "stream: the stream ended without [DONE]";
+    else if (o.output_tokens == 0) o.error = "stream: no usage chunk (the server ignored stream_options.include_usage)";
+    else if (!last) o.error = "stream: no text was streamed";
+    else o.cause = bench::Cause::none;
   }
-  if (!done && o.error.empty()) o.error = "the stream ended without [DONE]";
-  if (o.output_tokens == 0 && o.error.empty()) o.error = "no usage chunk (the server ignored stream_options.include_usage)";
-  if (!last && o.error.empty()) o.error = "no text was streamed";
-  o.ok = o.error.empty();
-  return o;
+  o.ok = o.cause == bench::Cause::none;
+  co_return o;
 }
 
 // ---- the run -------------------------------------------------------------------------------------------
 
 /// Starts request i at its arrival time (Poisson at `rate`, or all at once when rate is infinite),
-/// never more than `max_concurrency` in flight (0: no cap).
-std::vector<Outcome> run_all(const Target& t, const std::vector<Prompt>& prompts, double rate, int max_concurrency,
-                             std::uint64_t seed, double& duration_s) {
+/// never more than `max_concurrency` in flight (0: no cap). Everything runs on this thread's event loop.
+std::vector<Outcome> run_all(bench::net::io_context& ioc, bench::Client& client, const Target& t,
+                             const std::vector<Prompt>& prompts, double rate, int max_concurrency, std::uint64_t seed,
+                             double& duration_s) {
+  namespace net = bench::net;
   std::vector<Outcome> out(prompts.size());
-  std::mutex mu;
-  std::condition_variable cv;
   int in_flight = 0;
-  std::vector<std::thread> threads;
-  threads.reserve(prompts.size());
+  std::size_t finished = 0;
+  net::steady_timer slot(ioc);  // cancelled when a request finishes: the launcher may go on
   std::mt19937_64 rng(seed ^ 0x9E3779B97F4A7C15ull);
   std::exponential_distribution<double> gap(std::isfinite(rate) && rate > 0 ? rate : 1.0);
   const auto start = Clock::now();
-  auto next = start;
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    if (std::isfinite(rate)) {
-      std::this_thread::sleep_until(next);
-      next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
-    }
-    if (max_concurrency > 0) {
-      std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return in_flight < max_concurrency; });
-    }
-    {
-      std::lock_guard lock(mu);
-      ++in_flight;
-    }
-    threads.emplace_back([&, i] {
-      out[i] = run_one(t, prompts[i]);
-      {
-        std::lock_guard lock(mu);
-        --in_flight;
+  auto one = [&](std::size_t i) -> net::awaitable<void> {
+    out[i] = co_await run_one(client, t, prompts[i]);
+    --in_flight;
+    ++finished;
+    slot.cancel();
+  };
+  auto launcher = [&]() -> net::awaitable<void> {
+    net::steady_timer arrival(ioc);
+    auto next = start;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      bench::error_code ec;
+      if (std::isfinite(rate)) {
+        arrival.expires_at(next);
+        co_await arrival.async_wait(net::redirect_error(net::use_awaitable, ec));
+        next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
       }
-      cv.notify_all();
-    });
-  }
-  for (auto& th : threads) th.join();
+      while (max_concurrency > 0 && in_flight >= max_concurrency) {
+        slot.expires_at(Clock::time_point::max());
+        co_await slot.async_wait(net::redirect_error(net::use_awaitable, ec));
+      }
+      ++in_flight;
+      net::co_spawn(ioc, one(i), net::detached);
+    }
+  };
+  net::co_spawn(ioc, launcher(), net::detached);
+  ioc.run();
+  ioc.restart();
   duration_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (finished != prompts.size()) throw std::runtime_error("the event loop ended with requests unfinished");
   return out;
+}
+
+/// The first model the server lists at /v1/models.
+std::string first_model(bench::net::io_context& ioc, bench::Client& client, const std::string& url) {
+  std::string model, error;
+  auto get = [&]() -> bench::net::awaitable<void> {
+    std::string body;
+    std::string method = "GET", target = "/v1/models", none;
+    bench::Client::BodyCallback callback = [&](std::string_view d) {
+      body.append(d);
+      return true;
+    };
+    const bench::Reply r = co_await client.request(std::move(method), std::move(target), std::move(none), std::move(callback));
+    if (r.cause == bench::Cause::http) error = fmt::format("GET /v1/models: HTTP {}: {}", r.status, r.body);
+    else if (r.cause != bench::Cause::none) error = fmt::format("cannot reach {}: {}", url, r.error);
+    else model = json::parse(body).at("data").at(0).at("id").get<std::string>();
+  };
+  bench::net::co_spawn(ioc, get(), bench::net::detached);
+  ioc.run();
+  ioc.restart();
+  if (!error.empty()) throw std::runtime_error(error);
+  return model;
 }
 
 /// Linear-interpolated percentile (numpy's default), of a sorted vector.
@@ -369,7 +375,8 @@ int main(int argc, char** argv) {
   double rate = std::numeric_limits<double>::infinity(), range_ratio = 0.0;
   std::uint64_t seed = 0;
   std::vector<std::string> goodput;
-  bool no_save = false;
+  bool no_save = false, no_keep_alive = false;
+  double timeout_s = 600;
   app.add_option("--url", url, "the server's base URL")->capture_default_str();
   app.add_option("--endpoint", endpoint, "completions or chat")->check(CLI::IsMember({"completions", "chat"}))->capture_default_str();
   app.add_option("--model", t.model, "the model name to send (default: the server's first in /v1/models)");
@@ -385,7 +392,10 @@ int main(int argc, char** argv) {
   app.add_option("--random-range-ratio", range_ratio, "lengths uniform in [len*(1-r), len*(1+r)]")->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", seed, "prompts and arrival times")->capture_default_str();
   app.add_option("--goodput", goodput, "SLOs a request must meet to count as good, in ms: ttft:500 tpot:50 e2e:3000");
-  app.add_option("--timeout", t.timeout_s, "seconds one request may take")->capture_default_str();
+  app.add_option("--timeout", timeout_s, "seconds one request may take")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_flag("--no-keep-alive", no_keep_alive,
+               "a new connection per request, with 'Connection: close' (by default connections are kept and reused, "
+               "as vLLM's benchmark does)");
   app.add_option("--result-dir", result_dir, "where the JSON record goes")->capture_default_str();
   app.add_option("--result-file", result_file, "the JSON record's path (instead of --result-dir/serve-<date>.json)");
   app.add_option("--label", label, "a name for this run, kept in the record");
@@ -401,32 +411,36 @@ int main(int argc, char** argv) {
     const auto slos = parse_slos(goodput);
     if (dataset == "jsonl" && dataset_path.empty()) throw std::runtime_error("--dataset jsonl needs --dataset-path");
 
-    if (t.model.empty()) {
-      httplib::Client cli(t.host, t.port);
-      cli.set_connection_timeout(10, 0);
-      cli.set_read_timeout(30, 0);
-      auto r = cli.Get("/v1/models", headers(t));
-      if (!r) throw std::runtime_error(fmt::format("cannot reach {}: {}", url, httplib::to_string(r.error())));
-      if (r->status != 200) throw std::runtime_error(fmt::format("GET /v1/models: HTTP {}: {}", r->status, r->body));
-      t.model = json::parse(r->body).at("data").at(0).at("id").get<std::string>();
-    }
+    bench::net::io_context ioc(1);
+    bench::ClientOptions co;
+    co.host = t.host;
+    co.port = t.port;
+    co.api_key = t.api_key;
+    co.keep_alive = !no_keep_alive;
+    co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+    bench::Client client(ioc, co);
+    if (t.model.empty()) t.model = first_model(ioc, client, url);
     const auto prompts = dataset == "random" ? random_prompts(num_prompts, input_len, output_len, range_ratio, seed)
                                              : jsonl_prompts(dataset_path, num_prompts, output_len);
 
-    fmt::print("infer-bench-serve: {} requests to {} ({} endpoint, model '{}'), rate {}, max concurrency {}\n",
+    fmt::print("infer-bench-serve: {} requests to {} ({} endpoint, model '{}'), rate {}, max concurrency {}, {}\n",
                prompts.size(), url, endpoint, t.model, std::isfinite(rate) ? fmt::format("{:g}/s", rate) : "inf",
-               max_concurrency > 0 ? std::to_string(max_concurrency) : "none");
+               max_concurrency > 0 ? std::to_string(max_concurrency) : "none",
+               no_keep_alive ? "a new connection per request" : "connections kept alive");
     double duration = 0;
-    const auto outcomes = run_all(t, prompts, rate, max_concurrency, seed, duration);
+    const std::size_t opened_before = client.connections_opened();
+    const auto outcomes = run_all(ioc, client, t, prompts, rate, max_concurrency, seed, duration);
 
     std::vector<double> ttft, tpot, itl, e2e;
     std::int64_t in_tokens = 0, out_tokens = 0;
     int completed = 0, good = 0;
-    json errors = json::object(), engines = json::object();
+    json errors = json::object(), engines = json::object(), failures = json::object();
     for (const auto& o : outcomes) {
       if (!o.ok) {
         const std::string key = o.error.substr(0, 200);
         errors[key] = errors.value(key, 0) + 1;
+        const std::string cause = o.cause == bench::Cause::http ? fmt::format("http_{}", o.status) : bench::to_string(o.cause);
+        failures[cause] = failures.value(cause, 0) + 1;
         continue;
       }
       ++completed;
@@ -463,7 +477,11 @@ int main(int argc, char** argv) {
         {"num_prompts", prompts.size()},
         {"completed", completed},
         {"failed", static_cast<int>(prompts.size()) - completed},
+        {"failures", failures},
         {"errors", errors},
+        {"keep_alive", !no_keep_alive},
+        {"connections_opened", client.connections_opened() - opened_before},
+        {"retried_on_closed_connection", client.retried()},
         {"duration_s", duration},
         {"total_input_tokens", in_tokens},
         {"total_output_tokens", out_tokens},
@@ -484,6 +502,8 @@ int main(int argc, char** argv) {
     auto row = [](const std::string& k, const std::string& v) { fmt::print("{:<42}{:>18}\n", k, v); };
     row("Successful requests:", std::to_string(completed));
     row("Failed requests:", std::to_string(prompts.size() - static_cast<std::size_t>(completed)));
+    for (const auto& [cause, n] : failures.items()) row(fmt::format("  by cause: {}", cause), std::to_string(n.get<int>()));
+    row("Connections opened:", std::to_string(client.connections_opened() - opened_before));
     row("Benchmark duration (s):", fmt::format("{:.2f}", duration));
     row("Total input tokens:", std::to_string(in_tokens));
     row("Total generated tokens:", std::to_string(out_tokens));

@@ -2,7 +2,8 @@
 """infer-serve driven over HTTP on loopback with the default model: both endpoints streaming and not,
 greedy output equal to infer-generate's, the server-sent-event wire format and content types read byte
 by byte, 32 concurrent streams batched together, every error case with its status and OpenAI-shaped
-body, clients that hang up (streaming and not) after which the KV cache is empty again,
+body (a NUL byte after the JSON is a 400, the Bearer scheme matches in any case, a 414, every status
+counted in infer:http_requests_total), clients that hang up (streaming and not) after which the KV cache is empty again,
 tokenize/detokenize, models, metrics, the OpenAPI document, a SIGTERM drain that exits 0, and SIGTERM
 while loading and twice while draining (exit 0 at once).
 
@@ -288,6 +289,22 @@ with Server(bin_dir, model, "--api-key", KEY, "--served-model-name", NAME, "--se
     check_error(st, json.loads(b), 413, "oversized body", contains=("65536",))
     st, _, c = s.post("/v1/completions", {"model": "alias", "prompt": "x", "max_tokens": 1}, AUTH)
     check(st == 200 and c["model"] == "alias", "a second served name")
+    # nlohmann's parser ends a document at a NUL byte; the server refuses what follows it instead of ignoring it
+    st, _, b = s.request("POST", "/v1/completions", raw=b'{"prompt": "x", "max_tokens": 1}\x00{"more": 1}', headers=AUTH)
+    check_error(st, json.loads(b), 400, "bytes after the JSON document (behind a NUL)", param="body", contains=("NUL",))
+    st, _, c = s.post("/v1/completions", {"prompt": "x", "max_tokens": 1}, {"Authorization": f"bearer {KEY}"})
+    check(st == 200, f"the auth scheme is case-insensitive (RFC 7235): 'bearer KEY' gets {st}")
+    st, h, b = s.request("HEAD", "/health")
+    check(st == 200 and b == b"" and h.get("content-length") == str(len(b'{"status":"ok"}')),
+          f"HEAD /health: GET's head, no body: {st} {h} {b!r}")
+    st, _, b = s.request("GET", "/v1/models?" + "q" * 9000, headers=AUTH)
+    check_error(st, json.loads(b), 414, "a request target beyond 8 KiB", contains=("8192",))
+    # every status is counted, whichever layer answered it
+    counted = {dict(ls)["status"] for (n, ls), v in s.metrics().items() if n == "infer:http_requests_total" and v > 0}
+    check({"200", "400", "401", "404", "405", "413", "414"} <= counted,
+          f"infer:http_requests_total counts every status answered: {sorted(counted)}")
+    check(s.metric("infer:http_requests_total", route="/v1/completions", status="405") == 1,
+          "the 405 is counted under its route")
 
     # ---- clients that hang up --------------------------------------------------------------------------
     def hang_up(stream):

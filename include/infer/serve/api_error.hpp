@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infer/core/error.hpp"
+#include "infer/serve/http_message.hpp"
 
 namespace infer::serve {
 
@@ -109,6 +110,16 @@ class HttpError : public Error {
  private:
   ApiError error_;
 };
+
+/// An ApiError as an HTTP response: its status, OpenAI's body, Retry-After for 503, WWW-Authenticate for 401.
+inline HttpResponse error_response(const ApiError& e) {
+  HttpResponse r;
+  r.status = e.status;
+  r.body = e.body();
+  if (e.retry_after_s) r.header("Retry-After", std::to_string(*e.retry_after_s));
+  if (e.status == 401) r.header("WWW-Authenticate", "Bearer");
+  return r;
+}
 
 /// Any exception → the response a client should see. A user's input can only cause a 4xx: invalid
 /// arguments, tokenizer and chat-template errors are 400; the rest of infer's errors and anything else

@@ -10,8 +10,8 @@
 /// every engine request that has not finished: however a handler leaves (client gone, write error,
 /// exception), the engine thread aborts what it no longer needs and the KV blocks return.
 ///
-/// No sockets here: the HTTP layer calls poll() between writes, and the unit tests drive it by pushing
-/// events into the streams directly.
+/// No sockets here: the server calls poll() when the streams' waker says something arrived
+/// (engine_response.hpp), and the unit tests drive it by pushing events into the streams directly.
 
 #include <chrono>
 #include <cstdint>
@@ -67,6 +67,7 @@ class Exchange {
       if (!d) return false;
     return true;
   }
+  [[nodiscard]] const ExchangeSetup& setup() const noexcept { return s_; }
   [[nodiscard]] const std::optional<std::string>& error() const noexcept { return error_; }
   [[nodiscard]] const std::vector<ChoiceText>& choices() const noexcept { return choices_; }
 

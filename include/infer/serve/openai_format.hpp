@@ -170,6 +170,8 @@ inline std::string sse_event(const json& data) {
   return "data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 inline constexpr std::string_view sse_done = "data: [DONE]\n\n";
+/// An SSE comment: clients ignore it (what the transport probes a half-closed client with).
+inline constexpr std::string_view sse_comment = ":\n\n";
 
 /// A JSON body as text, never throwing on bytes that are not UTF-8.
 inline std::string dump_body(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }

@@ -410,6 +410,19 @@ inline std::vector<ChatMessage> parse_messages(const json& v) {
 
 }  // namespace detail
 
+/// A request body as one JSON document; ParamError("body") otherwise. nlohmann's parser takes a NUL byte
+/// for the end of its input (a C string's end) and would ignore whatever follows it, so a body with a NUL
+/// is refused here: JSON text has none outside its strings, and inside them it must be escaped.
+inline json parse_json_body(std::string_view body) {
+  if (const auto nul = body.find('\0'); nul != std::string_view::npos)
+    throw ParamError("body", infer::detail::cat("the request body is not valid JSON: a NUL byte at offset ", nul));
+  try {
+    return json::parse(body);
+  } catch (const json::parse_error& e) {
+    throw ParamError("body", infer::detail::cat("the request body is not valid JSON: ", e.what()));
+  }
+}
+
 /// A POST /v1/completions body. ParamError names the first bad field.
 inline CompletionRequest parse_completion_request(const json& body) {
   using infer::detail::cat;

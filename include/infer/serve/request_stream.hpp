@@ -8,6 +8,9 @@
 /// with a bounded wait and, when its client goes away, calls `cancel()`: the engine thread sees the flag
 /// between steps and aborts the request, so its KV blocks return to the pool at once.
 ///
+/// A handler on an event loop does not wait: it gives the stream a waker (`set_waker`), which the engine
+/// thread calls after each admission, rejection and event, and reads with a zero wait when woken.
+///
 /// Events carry deltas, not the cumulative output the engine reports, so a long generation costs the
 /// channel O(tokens) rather than O(tokens²); a non-streaming handler concatenates them.
 
@@ -16,6 +19,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -99,6 +103,14 @@ class RequestStream {
     return true;
   }
 
+  /// `wake` is called on the engine thread, under the stream's lock, after every admission, rejection and
+  /// event from now on (what came before, a read sees already): it must be quick and must not call back
+  /// into the stream.
+  void set_waker(std::function<void()> wake) {
+    std::lock_guard lock(mu_);
+    waker_ = std::move(wake);
+  }
+
   /// The client is gone (or the handler gave up): the engine thread aborts the request.
   void cancel() noexcept { cancelled_.store(true, std::memory_order_release); }
   [[nodiscard]] bool cancelled() const noexcept { return cancelled_.load(std::memory_order_acquire); }
@@ -127,6 +139,7 @@ class RequestStream {
       std::lock_guard lock(mu_);
       id_ = id;
       state_ = State::admitted;
+      if (waker_) waker_();
     }
     cv_.notify_all();
   }
@@ -135,6 +148,7 @@ class RequestStream {
       std::lock_guard lock(mu_);
       rejection_ = std::move(e);
       state_ = State::rejected;
+      if (waker_) waker_();
     }
     cv_.notify_all();
   }
@@ -143,6 +157,7 @@ class RequestStream {
       std::lock_guard lock(mu_);
       if (ev.finished) state_ = State::finished;
       events_.push_back(std::move(ev));
+      if (waker_) waker_();
     }
     cv_.notify_all();
   }
@@ -158,6 +173,7 @@ class RequestStream {
   State state_ = State::queued;
   ApiError rejection_;
   RequestId id_ = 0;
+  std::function<void()> waker_;
   std::atomic<bool> cancelled_{false};
 };
 

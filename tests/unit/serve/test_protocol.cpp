@@ -282,3 +282,26 @@ TEST_CASE("errors map to OpenAI's shape and the right status", "[serve][protocol
   CHECK(to_api_error(std::runtime_error("bug")).status == 500);
   CHECK(ApiError::unauthorized("no key").to_json()["error"]["type"] == "authentication_error");
 }
+
+TEST_CASE("a body is one JSON document: a NUL byte or anything after the document is a 400", "[serve][protocol]") {
+  using namespace std::string_literals;
+  CHECK(parse_json_body(R"({"prompt": "x"})")["prompt"] == "x");
+  CHECK(parse_json_body(" \n{\"a\": 1} \r\n\t")["a"] == 1);
+  auto body_error = [](const std::string& body) -> std::string {
+    try {
+      (void)parse_json_body(body);
+    } catch (const ParamError& e) {
+      CHECK(e.param() == "body");
+      return e.what();
+    }
+    FAIL("no ParamError for a body of " << body.size() << " bytes");
+    return {};
+  };
+  // nlohmann's parser alone stops at a NUL and returns what came before it
+  CHECK_THAT(body_error("{\"prompt\": \"x\"}\0garbage"s), Contains("NUL byte at offset 15"));
+  CHECK_THAT(body_error("{\"prompt\": \"x\"}\0"s), Contains("NUL"));
+  CHECK_THAT(body_error("{\"prompt\": \"x\0y\"}"s), Contains("NUL byte at offset 13"));
+  CHECK_THAT(body_error(R"({"prompt": "x"} {"prompt": "y"})"), Contains("not valid JSON"));
+  CHECK_THAT(body_error(R"({"prompt": "x"}])"), Contains("not valid JSON"));
+  CHECK_THAT(body_error(""), Contains("not valid JSON"));
+}
