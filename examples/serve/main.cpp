@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "infer/model/dummy.hpp"
-#include "infer/serve/engine_handle.hpp"
+#include "infer/engine/engine_registry.hpp"
+#include "program_flags.hpp"
 #include "infer/serve/engine_worker.hpp"
 #include "infer/serve/openai_server.hpp"
 #include "infer/serve/router.hpp"
@@ -83,7 +84,7 @@ std::size_t connections_that_fit() {
 
 int main(int argc, char** argv) {
   CLI::App app{"OpenAI-compatible HTTP server", "infer-serve"};
-  infer::serve::ModelSpec spec;
+  infer::ModelSpec spec;
   std::string kv_memory, router_config;
   bool no_prefix_caching = false;
   infer::LlmOptions llm;
@@ -91,16 +92,7 @@ int main(int argc, char** argv) {
   infer::serve::WorkerOptions wo;
   double drain_timeout_s = 30;
   double header_timeout_s = 5, body_timeout_s = 30, keep_alive_timeout_s = 5, write_timeout_s = 30;
-  auto* model_opt = app.add_option("--model,-m", spec.model, "a .gguf file or a Hugging Face model folder");
-  auto* dummy_opt = app.add_option("--dummy", spec.dummy,
-                                   std::string("or a model shape with seeded random weights (vLLM's --load-format dummy): ") +
-                                       std::string(infer::kDummyPresets) + ", or a config.json");
-  model_opt->excludes(dummy_opt);
-  app.add_option("--dummy-seed", spec.dummy_seed, "seed of the dummy weights");
-  app.add_option("--tokenizer", spec.tokenizer, "--dummy: a model file (its tokenizer) or an HF tokenizer.json that turns text into ids");
-  app.add_option("--backend", spec.backend, "where the engine runs: cpu, or cuda (paged engine, block size 16)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
+  infer::programs::add_model_flags(app, spec);
   app.add_option("--gpu-memory-utilization", llm.engine_options.gpu_memory_utilization,
                  "cuda: fraction of device memory for weights, activations and the KV pool (without --kv-cache-memory)")
       ->check(CLI::Range(0.01, 1.0))
@@ -108,7 +100,8 @@ int main(int argc, char** argv) {
   app.add_flag("--enforce-eager", llm.engine_options.enforce_eager, "cuda: run every step eagerly (no CUDA graphs)");
   app.add_option("--engine", llm.engine, "paged (continuous batching) or static (fixed shape)")
       ->check(CLI::IsMember({"paged", "static"}));
-  app.add_option("--block-size", llm.block_size, "paged engine: tokens per KV block (8, 16, 32)");
+  app.add_option("--block-size", llm.block_size, "paged engine: tokens per KV block (8, 16, 32 on the CPU; 16 on cuda)");
+  infer::programs::add_shape_flags(app, llm.engine_options.static_shape);
   app.add_option("--kv-cache-memory", kv_memory,
                  "KV cache size, e.g. 512M, 2G (default: 512M paged on the CPU, --gpu-memory-utilization on cuda; the shape's need, static)");
   app.add_option("--max-model-len", llm.engine_options.max_model_len, "longest prompt + output (0 = the model's)");
@@ -208,7 +201,7 @@ int main(int argc, char** argv) {
     for (const auto& engine : config.engines) {
       engine.llm.engine_options.validate();
       workers.push_back(std::make_unique<infer::serve::EngineWorker>(
-          [spec, options = engine.llm] { return infer::serve::make_engine(spec, options); }, engine.worker));
+          [spec, options = engine.llm] { return infer::make_engine(spec, options); }, engine.worker));
       raw.push_back(workers.back().get());
     }
     server = std::make_unique<infer::serve::OpenAIServer>(so, infer::serve::Router(config), raw);

@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "infer/serve/api_error.hpp"
-#include "infer/serve/engine_handle.hpp"
+#include "infer/engine/engine_registry.hpp"
 #include "infer/serve/metrics.hpp"
 #include "infer/serve/request_stream.hpp"
 

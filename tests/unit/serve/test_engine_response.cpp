@@ -73,8 +73,12 @@ class ScriptedEngine final : public EngineHandle {
   [[nodiscard]] std::size_t num_running() const override { return std::min<std::size_t>(reqs_.size(), slots_); }
   [[nodiscard]] KvStats kv_stats() const override { return {}; }
   [[nodiscard]] EngineStats stats() const override { return {}; }
+  [[nodiscard]] const ModelConfig& config() const override { return config_; }
   [[nodiscard]] const Tokenizer* tokenizer() const override { return nullptr; }
-  [[nodiscard]] EngineInfo info() const override { return {"paged", 16, 1 << 20, 1 << 20, 100, slots_}; }
+  [[nodiscard]] EngineInfo info() const override {
+    return {.kind = "paged", .backend = "cpu", .block_size = 16, .max_model_len = 1 << 20, .max_input = 1 << 20,
+            .max_output = 1 << 20, .vocab_size = 100, .max_num_seqs = slots_};
+  }
 
   std::atomic<int> aborts{0};
 
@@ -86,6 +90,7 @@ class ScriptedEngine final : public EngineHandle {
     std::int32_t prompt;
   };
   std::int32_t slots_;
+  ModelConfig config_;
   RequestId next_ = 1;
   std::vector<Req> reqs_;
 };

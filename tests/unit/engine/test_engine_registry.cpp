@@ -9,11 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "infer/serve/engine_handle.hpp"
+#include "infer/engine/engine_registry.hpp"
 #include "support/fixtures.hpp"
 
 using namespace infer;
-using namespace infer::serve;
 
 namespace {
 
