@@ -2,9 +2,13 @@
 # The GPU machine's run, in phases that fit the device tool's 10-minute calls:
 #   bench/gpu_suite.sh build     configure + build the [cuda] tests and the benchmarks (Release, sm_90)
 #                                into $BUILD (default build-gpu)
-#   bench/gpu_suite.sh test      every [cuda] test, with the suite's fixed seeds
-#   bench/gpu_suite.sh seeds N.. every [cuda] test once per base seed given (INFER_TEST_SEED=N; "default"
-#                                for the fixed seeds), each run's log in $OUT/cuda-tests-seed-N.log
+#   bench/gpu_suite.sh test [PART]  the [cuda] tests with the suite's fixed seeds: all of them (about 13 minutes
+#                                on the H200, more than one device call), or one PART that fits a call:
+#                                ops (kernels, decoders, sampling; ~4 min), engines (the engines on dummy
+#                                models; ~3 min), smollm2 (the engines and infer::LLM on SmolLM2; ~6 min)
+#   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
+#                                for the fixed seeds), each run's log in $OUT/cuda-tests-seed-N.log;
+#                                PART=ops|engines|smollm2 in the environment picks one part
 #   bench/gpu_suite.sh bench     attention kernel benchmarks, then infer-bench-latency / -throughput on the
 #                                Llama-3-8B and Qwen2.5-7B dummy shapes (greedy, and one sampled throughput
 #                                run) and on SmolLM2 Q4_1 (with and without CUDA graphs); one JSON per run
@@ -22,6 +26,15 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${BUILD:-build-gpu}
+test_filter() {  # the Catch filter of a test PART
+  case "${1:-all}" in
+    all) echo "[cuda]" ;;
+    ops) echo "[cuda]~[engine]" ;;
+    engines) echo "[cuda][engine]~*SmolLM2*" ;;
+    smollm2) echo "[cuda][engine]*SmolLM2*" ;;
+    *) echo "gpu_suite.sh: unknown test part '$1' (all, ops, engines, smollm2)" >&2; exit 2 ;;
+  esac
+}
 out=${OUT:-bench/results/gpu}
 mkdir -p "$out"
 bin=$build/bin
@@ -38,13 +51,15 @@ case "${1:-}" in
         infer-serve infer-bench-serve infer-offline-batch infer-generate || exit 1
     ;;
   test)
-    run "$build"/tests/test_cuda --durations yes "[cuda]"
+    filter=$(test_filter "${2:-all}") || exit 2
+    run "$build"/tests/test_cuda --durations yes "$filter"
     ;;
   seeds)
     shift
+    filter=$(test_filter "${PART:-all}") || exit 2
     for seed in "$@"; do
       if [ "$seed" = default ]; then unset INFER_TEST_SEED; else export INFER_TEST_SEED=$seed; fi
-      run "$build"/tests/test_cuda --durations yes "[cuda]" >"$out/cuda-tests-seed-$seed.log" 2>&1
+      run "$build"/tests/test_cuda --durations yes "$filter" >"$out/cuda-tests-seed-$seed.log" 2>&1
       echo "seed $seed: $(tail -n 2 "$out/cuda-tests-seed-$seed.log" | tr '\n' ' ')"
     done
     unset INFER_TEST_SEED
@@ -90,8 +105,8 @@ case "${1:-}" in
       run "$bin"/infer-bench-throughput $m8 --engine $engine --max-batch 64 --max-input 128 --max-output 128 \
         --num-prompts 64 --input-len 128 --output-len 128 --max-num-seqs 64 \
         --output-json "$out/throughput-llama3-8b-64x128-128-$engine.json"
-      run "$bin"/infer-offline-batch --dummy qwen2.5-7b --tokenizer models/SmolLM2-135M-Instruct.Q4_1.gguf \
-        --backend cuda --engine $engine --max-batch 64 --max-input 128 --max-output 256 --show 0
+      run "$bin"/infer-offline-batch --dummy qwen2.5-7b --tokenizer tests/fixtures/smollm2/tokenizer.json \
+        --chat-template chatml --backend cuda --engine $engine --max-batch 64 --max-input 128 --max-output 256 --show 0
     done
     ;;
   serve)

@@ -5,6 +5,8 @@
 //
 //   infer-offline-batch --model MODEL [--backend cpu|cuda|auto] [--engine paged|static] [--prompts N]
 //   infer-offline-batch --dummy qwen2.5-7b --tokenizer MODEL --backend cuda    (a 7B shape, random weights)
+//   infer-offline-batch --dummy qwen2.5-7b --tokenizer tokenizer.json --chat-template chatml
+//     (a bare tokenizer.json carries no chat template: name a built-in one)
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -30,6 +32,8 @@ int main(int argc, char** argv) {
   infer::programs::add_shape_flags(app, opt.engine_options.static_shape);
   app.add_option("--prompts", num_prompts, "prompts in all, half of each question")->check(CLI::Range(2, 100000));
   app.add_option("--max-tokens", sp.max_tokens, "tokens per answer at most");
+  app.add_option("--chat-template", opt.chat_template,
+                 "built-in template instead of the model's: chatml, llama3, llama3.1, mistral");
   app.add_option("--show", shown, "answers to print")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
@@ -54,6 +58,9 @@ int main(int argc, char** argv) {
       fmt::print("\n--- {} ---\n{}\n", c.back().content, results[static_cast<std::size_t>(i)].outputs.at(0).text);
     }
     return 0;
+  } catch (const infer::ChatTemplateError& e) {
+    fmt::print(stderr, "infer-offline-batch: {}; here: --chat-template chatml|llama3|llama3.1|mistral\n", e.what());
+    return 1;
   } catch (const infer::Error& e) {
     fmt::print(stderr, "infer-offline-batch: {} error: {}\n", infer::to_string(e.code()), e.what());
     return 1;

@@ -64,6 +64,17 @@ for engine in ("paged", "static"):
           f"infer-offline-batch --engine {engine}: summary line ({r.returncode}, {r.stdout[:200]!r}, {r.stderr[-200:]!r})")
     answers = re.findall(r"^--- (.*) ---$", r.stdout, re.M)
     check(answers == ["What is the capital of France?"] * 3, f"the first 3 answers are shown: {answers}")
+# A random-weight shape with a bare tokenizer.json (no chat template in it): refused with the way out named,
+# then run with a built-in template.
+fixture_tok = os.path.join(os.path.dirname(__file__), "..", "fixtures", "smollm2", "tokenizer.json")
+dummy = [batch, "--dummy", "smollm2-135m", "--tokenizer", fixture_tok, "--backend", "cpu", "--prompts", "2",
+         "--max-tokens", "2", "--show", "0"]
+r = subprocess.run(dummy, capture_output=True, text=True, timeout=300)
+check(r.returncode == 1 and "no chat template" in r.stderr and "--chat-template" in r.stderr,
+      f"a tokenizer without a template is refused, naming --chat-template: {r.stderr[-200:]!r}")
+r = subprocess.run(dummy + ["--chat-template", "chatml"], capture_output=True, text=True, timeout=300)
+check(r.returncode == 0 and re.search(r"^2 requests on the paged engine \(cpu\)", r.stdout, re.M) is not None,
+      f"--dummy with --chat-template chatml runs: {r.stdout[:200]!r} {r.stderr[-200:]!r}")
 r = subprocess.run([batch, "--model", model, "--prompts", "2", "--max-tokens", "2"], capture_output=True, text=True,
                    timeout=300)
 check(r.returncode == 0 and re.search(r"engine \((cpu|cuda)\)", r.stdout), f"--backend auto picks one: {r.stdout[:120]!r}")
