@@ -18,6 +18,10 @@
 #                                the offline batch job on the Qwen2.5-7B shape with both engines
 #   bench/gpu_suite.sh serve     infer-serve with the Llama-3-8B dummy shape on the GPU (SmolLM2's tokenizer
 #                                for the text), and infer-bench-serve against it at three request rates
+#   bench/gpu_suite.sh router    the hybrid router on the GPU: SmolLM2 Q4_1 on a static engine for short
+#                                prompts, the Llama-3-8B dummy (bf16, SmolLM2's tokenizer) on a paged engine for
+#                                long or keyword-matched ones; infer-bench-serve at two rates, per-engine
+#                                counts and latency in each record
 #   bench/gpu_suite.sh connections  the same server under 50, 200 and 1,000 concurrent clients, a new
 #                                connection per request and kept alive (0 failed expected), then
 #                                tests/programs/check_serve_connections.py (CPU backend)
@@ -133,6 +137,38 @@ case "${1:-}" in
     wait $server || { echo "FAILED: infer-serve exited $?"; fail=1; }
     tail -5 "$log"
     ;;
+  router)
+    port=8013
+    log=$out/router-server.log
+    cfg=$out/router-config.json
+    cat >"$cfg" <<JSON
+{"engines": [{"name": "small", "engine": "static", "max_batch": 32, "max_input": 256, "max_output": 128},
+             {"name": "big", "engine": "paged", "dummy": "llama3-8b", "tokenizer": "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+              "quantizer": "bf16", "gpu_memory_utilization": 0.9, "max_num_seqs": 256}],
+ "rules": [{"engine": "big", "min_prompt_tokens": 200},
+           {"engine": "big", "keywords": ["code", "analy", "summar"]}],
+ "default": "small",
+ "fallback": ["big"]}
+JSON
+    "$bin"/infer-serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --backend cuda --router "$cfg" --port $port \
+      --max-model-len 4096 --max-waiting 1024 >"$log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 240); do
+      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break
+      sleep 0.5
+    done
+    grep "ready" "$log"
+    # Prompts of 40 to 360 words: the shorter ones to the small model's static engine, the rest to the 8B shape.
+    for rate in 8 32; do
+      run "$bin"/infer-bench-serve --url http://127.0.0.1:$port --num-prompts $((rate * 20)) --request-rate $rate \
+        --random-input-len 200 --random-range-ratio 0.8 --random-output-len 64 \
+        --label "router: SmolLM2 static + llama3-8b dummy paged, rate $rate" --result-file "$out/router-rate$rate.json"
+    done
+    python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" | grep -E '^infer:router' | head -20
+    kill -TERM $server
+    wait $server || { echo "FAILED: infer-serve exited $?"; fail=1; }
+    tail -3 "$log"
+    ;;
   connections)
     # The issue "The server holds under bursts, slow clients and hang-ups": on the H200, cpp-httplib's server
     # lost 8 of 300 requests at 50 concurrent and 32 of 1,200 at 200 ("connection: Read"), each request on a
@@ -164,7 +200,7 @@ case "${1:-}" in
     run python3 tests/programs/check_serve_connections.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
     ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|test|seeds N...|bench|engines|serve|connections" >&2
+    echo "usage: bench/gpu_suite.sh build|test [PART]|seeds N...|bench|engines|serve|router|connections" >&2
     exit 2
     ;;
 esac

@@ -26,6 +26,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -435,6 +436,10 @@ int main(int argc, char** argv) {
     std::int64_t in_tokens = 0, out_tokens = 0;
     int completed = 0, good = 0;
     json errors = json::object(), engines = json::object(), failures = json::object();
+    struct EngineLatency {
+      std::vector<double> ttft, tpot, e2e;
+    };
+    std::map<std::string, EngineLatency> per_engine;  // behind a router: each engine's own latencies
     for (const auto& o : outcomes) {
       if (!o.ok) {
         const std::string key = o.error.substr(0, 200);
@@ -451,7 +456,13 @@ int main(int argc, char** argv) {
       const double per_token = o.output_tokens > 1 ? (o.e2e - o.ttft) / static_cast<double>(o.output_tokens - 1) : 0;
       if (o.output_tokens > 1) tpot.push_back(per_token);
       itl.insert(itl.end(), o.itl.begin(), o.itl.end());
-      if (!o.engine.empty()) engines[o.engine] = engines.value(o.engine, 0) + 1;
+      if (!o.engine.empty()) {
+        engines[o.engine] = engines.value(o.engine, 0) + 1;
+        auto& l = per_engine[o.engine];
+        l.ttft.push_back(o.ttft);
+        l.e2e.push_back(o.e2e);
+        if (o.output_tokens > 1) l.tpot.push_back(per_token);
+      }
       bool meets = true;
       for (const auto& [key, ms] : slos) {
         const double v = key == "ttft" ? o.ttft : key == "tpot" ? per_token : o.e2e;
@@ -497,6 +508,11 @@ int main(int argc, char** argv) {
         {"e2e_ms", summary_ms(e2e)},
         {"served_by", engines},
     };
+    json by_engine = json::object();
+    for (const auto& [name, l] : per_engine)
+      by_engine[name] = {{"completed", l.e2e.size()}, {"ttft_ms", summary_ms(l.ttft)}, {"tpot_ms", summary_ms(l.tpot)},
+                         {"e2e_ms", summary_ms(l.e2e)}};
+    record["by_engine"] = by_engine;
 
     fmt::print("{:=^60}\n", " Serving benchmark result ");
     auto row = [](const std::string& k, const std::string& v) { fmt::print("{:<42}{:>18}\n", k, v); };
@@ -519,6 +535,13 @@ int main(int argc, char** argv) {
       const std::string shortname = key.substr(0, key.size() - 3);
       for (const char* stat : {"mean", "p50", "p90", "p99"})
         row(fmt::format("{} {} (ms):", stat, shortname), fmt::format("{:.2f}", s[stat].get<double>()));
+    }
+    if (per_engine.size() > 1) {  // a router: what each engine served, and how fast
+      fmt::print("{:-^60}\n", " Per engine (X-Infer-Engine) ");
+      for (const auto& [name, e] : by_engine.items())
+        row(fmt::format("{}: requests, p50 ttft / tpot / e2e (ms)", name),
+            fmt::format("{} {:.1f} {:.1f} {:.1f}", e["completed"].get<std::size_t>(), e["ttft_ms"]["p50"].get<double>(),
+                        e["tpot_ms"]["p50"].get<double>(), e["e2e_ms"]["p50"].get<double>()));
     }
     fmt::print("{:=^60}\n", "");
     for (const auto& [msg, n] : errors.items()) fmt::print("error ({} requests): {}\n", n.get<int>(), msg);

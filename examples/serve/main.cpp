@@ -22,6 +22,7 @@
 #include <cstring>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -183,11 +184,12 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   std::vector<std::unique_ptr<infer::serve::EngineWorker>> workers;
+  std::vector<std::string> engine_models;  // what each worker loads, for the log
   std::unique_ptr<infer::serve::OpenAIServer> server;
   try {
     spec.validate();
     if (!kv_memory.empty()) llm.engine_options.kv_cache_bytes = infer::parse_memory_size(kv_memory);
-    infer::serve::EngineSpec base{"default", llm, wo};
+    infer::serve::EngineSpec base{"default", llm, wo, spec};
     infer::serve::RouterConfig config;
     if (router_config.empty()) {
       base.worker.name = llm.engine;
@@ -198,18 +200,20 @@ int main(int argc, char** argv) {
       config = infer::serve::read_router_config(router_config, base);
     }
     std::vector<infer::serve::EngineWorker*> raw;
-    for (const auto& engine : config.engines) {
+    for (auto& engine : config.engines) {
+      if (const auto code = infer::programs::resolve_backend_or_exit("infer-serve", engine.model.backend)) return *code;
+      infer::check_engine_choice(engine.model.backend, engine.llm);
       engine.llm.engine_options.validate();
       workers.push_back(std::make_unique<infer::serve::EngineWorker>(
-          [spec, options = engine.llm] { return infer::make_engine(spec, options); }, engine.worker));
+          [model = engine.model, options = engine.llm] { return infer::make_engine(model, options); }, engine.worker));
       raw.push_back(workers.back().get());
+      engine_models.push_back(engine.model.name());
     }
     server = std::make_unique<infer::serve::OpenAIServer>(so, infer::serve::Router(config), raw);
     if (std::string why; !server->bind(&why)) {
       fmt::print(stderr, "infer-serve: cannot listen on {}:{}: {}\n", so.http.host, so.http.port, why);
       return 1;
     }
-    for (auto& w : workers) w->start();
   } catch (const infer::Error& e) {
     fmt::print(stderr, "infer-serve: {} error: {}\n", infer::to_string(e.code()), e.what());
     return 1;
@@ -233,9 +237,13 @@ int main(int argc, char** argv) {
     return code;
   };
 
-  // Loading: a signal stops at once; a failed engine ends the server.
+  // Loading, one engine after another in config order: on the GPU each engine sizes its KV pool from
+  // what the device has in use once its weights are in, the engines before it included. A signal stops
+  // at once; a failed engine ends the server.
   bool stop_now = false;
-  for (auto& w : workers) {
+  for (std::size_t k = 0; k < workers.size(); ++k) {
+    auto& w = workers[k];
+    w->start();
     while (!w->wait_loaded(std::chrono::milliseconds(100))) {
       if (w->state() == infer::serve::EngineWorker::State::failed) {
         fmt::print(stderr, "infer-serve: engine '{}' failed to load: {}\n", w->name(), w->load_error());
@@ -248,10 +256,23 @@ int main(int argc, char** argv) {
     }
     if (stop_now) break;
     const auto& i = w->info();
-    fmt::print(stderr, "infer-serve: engine '{}' ready ({}, max_model_len {}, {} KV blocks)\n", w->name(), i.kind,
-               i.max_model_len, w->snapshot().kv.total_blocks);
+    fmt::print(stderr, "infer-serve: engine '{}' ready ({} on {}, {}, max_model_len {}, {} KV blocks)\n", w->name(),
+               engine_models[k], i.backend, i.kind, i.max_model_len, w->snapshot().kv.total_blocks);
   }
   if (stop_now) return shut_down(0);
+  // The server tokenizes a prompt once, before routing: every engine must read those ids the same way.
+  for (std::size_t i = 1; i < workers.size(); ++i) {
+    const infer::Tokenizer *a = workers.front()->tokenizer(), *b = workers[i]->tokenizer();
+    std::optional<std::string> why;
+    if ((a == nullptr) != (b == nullptr)) why = "one of them has no tokenizer";
+    else if (a) why = infer::serve::tokenizer_difference(*a, *b);
+    if (why) {
+      fmt::print(stderr, "infer-serve: engines '{}' and '{}' read different tokenizers ({}); the router's engines "
+                 "share one: give a dummy model the other's \"tokenizer\"\n", workers.front()->name(),
+                 workers[i]->name(), *why);
+      return shut_down(1);
+    }
+  }
 
   while (!signal_within(1000)) {
   }

@@ -5,7 +5,10 @@
   - a request the static engine cannot run (max_tokens beyond its slot) falls back to the paged one;
   - a full static engine spills over to the paged one instead of refusing;
   - infer:router_requests_total and infer:router_fallbacks_total count exactly what the headers showed;
-  - infer-bench-serve drives the router at a Poisson rate and at a fixed concurrency and writes its record.
+  - infer-bench-serve drives the router at a Poisson rate and at a fixed concurrency and writes its record;
+  - each engine may load its own model (here: the default model on the static engine, a random-weight
+    SmolLM2 shape reading the default model's tokenizer on the paged one); engines whose tokenizers differ
+    are refused at start, naming the difference.
 
 usage: check_serve_router.py BIN_DIR MODEL"""
 import json
@@ -129,7 +132,9 @@ with Server(bin_dir, model, "--router", config_path, "--max-model-len", "2048", 
               and 0 < rec["ttft_ms"]["p50"] <= rec["e2e_ms"]["p50"] and rec["itl_ms"]["count"] >= 12 * 3
               and rec["ttft_ms"]["p50"] <= rec["ttft_ms"]["p90"] <= rec["ttft_ms"]["p99"]
               and rec["good_requests"] == 12 and rec["request_throughput"] > 0
-              and sum(rec["served_by"].values()) == 12)
+              and sum(rec["served_by"].values()) == 12
+              and {k: v["completed"] for k, v in rec["by_engine"].items()} == rec["served_by"]
+              and all(v["ttft_ms"]["p50"] > 0 for v in rec["by_engine"].values()))
         check(ok, f"bench record for {what}: {json.dumps(rec)[:1500]}")
         os.remove(out) if os.path.exists(out) else None
     if runs:
@@ -137,6 +142,55 @@ with Server(bin_dir, model, "--router", config_path, "--max-model-len", "2048", 
                             "--no-save"], capture_output=True, text=True, timeout=120)
         check(r.returncode == 2 and "HTTP 404" in r.stdout, f"bench reports failed requests with their error: {r.stdout[-500:]}")
     check(s.terminate(timeout=60) == 0, "exit 0 after SIGTERM")
+
+# ---- each engine its own model ----------------------------------------------------------------------------
+# The classic hybrid setup in small: the real model on the static engine for short prompts, another model
+# (a random-weight shape, the default model's tokenizer) on the paged one for the rest. The greedy text
+# tells the models apart.
+two_models = {
+    "engines": [{"name": "small", "engine": "static", "max_batch": 4, "max_input": 128, "max_output": 64},
+                {"name": "big", "engine": "paged", "dummy": "smollm2-135m", "tokenizer": model, "dummy_seed": 3,
+                 "kv_cache_memory": "64M", "max_model_len": 1024}],
+    "rules": [{"engine": "big", "keywords": ["summarize", "code"]}],
+    "default": "small",
+}
+with open(config_path, "w") as f:
+    json.dump(two_models, f)
+with Server(bin_dir, model, "--router", config_path) as s:
+    out = s.output()
+    check("engine 'small' ready (" + os.path.basename(model) + " on cpu, static" in out
+          and "engine 'big' ready (dummy-smollm2-135m on cpu, paged" in out,
+          f"each engine names the model it loaded: {[l for l in out.splitlines() if 'ready' in l]}")
+    check(out.index("engine 'small' ready") < out.index("engine 'big' ready"), "engines load in config order")
+    texts = {}
+    for prompt in ("The capital of France is", "Please summarize: the capital of France is"):
+        st, h, c = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        check(st == 200, f"served: {st} {c}")
+        if st == 200:
+            texts[h.get("x-infer-engine")] = c["choices"][0]["text"]
+    check(set(texts) == {"small", "big"}, f"the rule sends the keyword prompt to the other model: {sorted(texts)}")
+    st, _, c = s.post("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
+                                          "ignore_eos": True})
+    check(st == 200 and c["choices"][0]["text"] == texts.get("small"), "the static engine's model answers the same twice")
+    check(texts.get("small") != texts.get("big"), f"two models, two answers: {texts}")
+    check(s.terminate(timeout=60) == 0, "exit 0 after SIGTERM")
+
+# A tokenizer that differs in one token (two vocabulary entries swapped) cannot sit behind the same router.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "smollm2", "tokenizer.json")) as f:
+    tok = json.load(f)
+vocab = tok["model"]["vocab"]
+a, b = sorted(vocab, key=vocab.get)[1000:1002]
+vocab[a], vocab[b] = vocab[b], vocab[a]
+swapped = os.path.join(tmp, "swapped-tokenizer.json")
+with open(swapped, "w") as f:
+    json.dump(tok, f)
+two_models["engines"][1]["tokenizer"] = swapped
+with open(config_path, "w") as f:
+    json.dump(two_models, f)
+r = subprocess.run([os.path.join(bin_dir, "infer-serve"), "--model", model, "--router", config_path, "--port", "0"],
+                   capture_output=True, text=True, timeout=300)
+check(r.returncode == 1 and "engines 'small' and 'big' read different tokenizers (token 1000 differs)" in r.stderr,
+      f"engines with different tokenizers are refused: {r.returncode} {r.stderr[-400:]}")
 
 # A config with a mistake is refused at start, naming the field.
 bad = dict(config, rules=[{"engine": "nowhere", "min_prompt_tokens": 1}])

@@ -1,19 +1,27 @@
 #pragma once
 /// \file
-/// The hybrid router: one server, several engines over the same model, each request sent to the engine
-/// a rule picks — for example the static engine (fixed shapes, no paging overhead) for short prompts
-/// and the paged engine for long prompts, long outputs or prompts that ask for more work — with
-/// fallback to the others when the chosen one is full, failed, or cannot run the request's shape.
+/// The hybrid router: one server, several engines, each request sent to the engine a rule picks — for
+/// example the static engine (fixed shapes, no paging overhead) with a small model for short prompts and
+/// the paged engine with a larger one for long prompts, long outputs or prompts that ask for more work —
+/// with fallback to the others when the chosen one is full, failed, or cannot run the request's shape.
 ///
 /// A config (JSON, `infer-serve --router CONFIG.json`):
 ///
-///   {"engines": [{"name": "short", "engine": "static"},
-///                {"name": "long",  "engine": "paged", "block_size": 16, "max_num_seqs": 64}],
+///   {"engines": [{"name": "short", "engine": "static", "max_batch": 8, "max_input": 256, "max_output": 256},
+///                {"name": "long",  "engine": "paged", "block_size": 16, "max_num_seqs": 64,
+///                 "dummy": "llama3-8b", "tokenizer": "SmolLM2.gguf", "gpu_memory_utilization": 0.9}],
 ///    "rules":   [{"engine": "long", "min_prompt_tokens": 256},
 ///                {"engine": "long", "keywords": ["step by step", "explain"]},
 ///                {"engine": "long", "min_max_tokens": 256}],
 ///    "default": "short",
 ///    "fallback": ["long", "short"]}
+///
+/// An engine entry takes what the command line leaves out: its model (`model`, or `dummy` with
+/// `tokenizer` and `dummy_seed`), `backend`, `quantizer`, the static Shape, the cache and scheduler limits.
+/// The server tokenizes a prompt once, before routing, so every engine must read the same tokenizer
+/// (infer-serve checks it once the engines are loaded: same_tokenizer). Engines load one after another in
+/// config order; on the GPU each one's `gpu_memory_utilization` caps the device's use once it is loaded,
+/// the engines before it included (vLLM's meaning, per engine), so the later engine gets the larger number.
 ///
 /// Rules are tried in order; a rule matches when every condition it states holds; the first match
 /// wins, else `default`. The candidates for a request are its engine, then `fallback` in order (every
@@ -38,11 +46,12 @@
 
 namespace infer::serve {
 
-/// One engine of a router config: how to build it and how it takes requests.
+/// One engine of a router config: what it loads, how to build it and how it takes requests.
 struct EngineSpec {
   std::string name;
   LlmOptions llm;         ///< engine, block_size, engine_options (the infer-generate flags)
   WorkerOptions worker;   ///< max_waiting, stall timeout
+  ModelSpec model;        ///< the model and backend (the command line's unless the entry names its own)
 };
 
 struct RouteRule {
@@ -96,9 +105,10 @@ inline RouterConfig parse_router_config(const nlohmann::json& j, const EngineSpe
   };
   if (!j.contains("engines") || !j["engines"].is_array() || j["engines"].empty())
     fail("'engines' must be a non-empty array");
-  static const std::vector<std::string> engine_keys{"name", "engine", "block_size", "kv_cache_memory", "max_model_len",
-                                                    "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-                                                    "max_waiting"};
+  static const std::vector<std::string> engine_keys{
+      "name", "engine", "block_size", "kv_cache_memory", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+      "enable_prefix_caching", "max_waiting", "model", "dummy", "dummy_seed", "tokenizer", "backend", "quantizer",
+      "gpu_memory_utilization", "max_batch", "max_input", "max_output"};
   for (std::size_t i = 0; i < j["engines"].size(); ++i) {
     const auto& e = j["engines"][i];
     const std::string where = cat("engines[", i, "]");
@@ -128,6 +138,39 @@ inline RouterConfig parse_router_config(const nlohmann::json& j, const EngineSpe
     if (auto v = get_int(e, "max_waiting", where)) {
       if (*v < 1) fail(where + ".max_waiting must be >= 1");
       s.worker.max_waiting = static_cast<std::size_t>(*v);
+    }
+    if (auto v = get_str(e, "quantizer", where)) s.llm.quantizer = *v;
+    if (e.contains("gpu_memory_utilization")) {
+      const auto& g = e["gpu_memory_utilization"];
+      if (!g.is_number() || !(g.get<double>() > 0.0 && g.get<double>() <= 1.0))
+        fail(where + ".gpu_memory_utilization must be a number in (0, 1]");
+      s.llm.engine_options.gpu_memory_utilization = g.get<double>();
+    }
+    Shape& shape = s.llm.engine_options.static_shape;
+    if (auto v = get_int(e, "max_batch", where)) shape.max_batch = static_cast<std::int32_t>(*v);
+    if (auto v = get_int(e, "max_input", where)) shape.max_input = static_cast<std::int32_t>(*v);
+    if (auto v = get_int(e, "max_output", where)) shape.max_output = static_cast<std::int32_t>(*v);
+    // The model: an entry naming one replaces the command line's whole (a file or a dummy shape, with its
+    // tokenizer and seed); the backend may be given alone.
+    const auto model = get_str(e, "model", where), dummy = get_str(e, "dummy", where);
+    const auto tokenizer = get_str(e, "tokenizer", where);
+    const auto seed = get_int(e, "dummy_seed", where);
+    if (model && dummy) fail(where + " gives both 'model' and 'dummy'; give one");
+    if ((tokenizer || seed) && !dummy) fail(where + ".tokenizer and .dummy_seed go with 'dummy'");
+    if (model || dummy) {
+      s.model = ModelSpec{.backend = s.model.backend};
+      if (model) s.model.model = *model;
+      if (dummy) s.model.dummy = *dummy;
+      if (tokenizer) s.model.tokenizer = *tokenizer;
+      if (seed) s.model.dummy_seed = static_cast<std::uint64_t>(*seed);
+    }
+    const auto backend = get_str(e, "backend", where);
+    if (backend) s.model.backend = *backend;
+    try {  // what the command line gave was checked there; the entry's own choices are checked here
+      if (model || dummy || backend) s.model.validate();
+      if (s.model.backend != "auto") check_engine_choice(s.model.backend, s.llm);
+    } catch (const InvalidArgument& err) {
+      fail(cat(where, ": ", err.what()));
     }
     c.engines.push_back(std::move(s));
   }
@@ -182,6 +225,22 @@ inline RouterConfig read_router_config(const std::string& path, const EngineSpec
     throw InvalidArgument(infer::detail::cat("router config '", path, "' is not valid JSON: ", e.what()));
   }
   return parse_router_config(j, base);
+}
+
+/// Where two engines' tokenizers differ (the vocabulary size, a token's bytes, an added token), or nothing
+/// when they are the same: a router's engines take the ids the server tokenized once, so they must agree.
+inline std::optional<std::string> tokenizer_difference(const Tokenizer& a, const Tokenizer& b) {
+  using infer::detail::cat;
+  if (a.vocab_size() != b.vocab_size()) return cat("vocabulary of ", a.vocab_size(), " vs ", b.vocab_size(), " tokens");
+  for (std::size_t id = 0; id < a.vocab_size(); ++id) {
+    const auto i = static_cast<std::int32_t>(id);
+    if (a.token_bytes(i) != b.token_bytes(i)) return cat("token ", id, " differs");
+  }
+  const auto &x = a.added_tokens(), &y = b.added_tokens();
+  if (x.size() != y.size()) return cat(x.size(), " vs ", y.size(), " added tokens");
+  for (std::size_t k = 0; k < x.size(); ++k)
+    if (x[k].id != y[k].id || x[k].content != y[k].content) return cat("added token '", x[k].content, "' differs");
+  return std::nullopt;
 }
 
 /// The decision: which engines to try, in order. Indices into config.engines.

@@ -22,6 +22,7 @@ const json config = {
 EngineSpec base_spec() {
   EngineSpec s;
   s.llm.engine_options.max_model_len = 2048;
+  s.model = ModelSpec{.model = "base.gguf", .backend = "cpu"};  // what --model gave
   return s;
 }
 RouteQuery query(std::int64_t prompt, std::optional<std::int64_t> max_tokens = std::nullopt, std::string text = "hello",
@@ -39,6 +40,28 @@ TEST_CASE("a config becomes engine specs over the command line's defaults", "[se
   CHECK(c.engines[2].worker.name == "spare");
   CHECK(c.engines[2].llm.engine_options.kv_cache_bytes == std::size_t{64} << 20);
   CHECK(c.engines[0].llm.engine_options.max_model_len == 2048);  // inherited
+}
+
+TEST_CASE("an engine entry may load its own model, backend, quantizer, Shape and memory share", "[serve][router]") {
+  const EngineSpec base = base_spec();
+  const json c = {{"engines",
+                   {{{"name", "fast"}, {"engine", "static"}, {"max_batch", 4}, {"max_input", 64}, {"max_output", 32}},
+                    {{"name", "big"}, {"engine", "paged"}, {"dummy", "llama3-8b"}, {"tokenizer", "base.gguf"},
+                     {"dummy_seed", 7}, {"gpu_memory_utilization", 0.85}},
+                    {{"name", "other"}, {"model", "other.gguf"}}}}};
+  const RouterConfig r = parse_router_config(c, base);
+  REQUIRE(r.engines.size() == 3);
+  CHECK(r.engines[0].model.model == "base.gguf");  // inherited whole
+  CHECK(r.engines[0].llm.engine_options.static_shape == Shape{4, 64, 32});
+  CHECK(r.engines[1].model.dummy == "llama3-8b");
+  CHECK(r.engines[1].model.model.empty());  // an entry's model replaces the command line's, not merges
+  CHECK(r.engines[1].model.tokenizer == "base.gguf");
+  CHECK(r.engines[1].model.dummy_seed == 7);
+  CHECK(r.engines[1].model.backend == "cpu");  // the backend is inherited unless given
+  CHECK(r.engines[1].llm.engine_options.gpu_memory_utilization == 0.85);
+  CHECK(r.engines[0].llm.engine_options.gpu_memory_utilization == base.llm.engine_options.gpu_memory_utilization);
+  CHECK(r.engines[2].model.model == "other.gguf");
+  CHECK(r.engines[2].model.dummy.empty());
 }
 
 TEST_CASE("rules in order, then the default, fallbacks follow", "[serve][router]") {
@@ -92,6 +115,25 @@ TEST_CASE("config mistakes are named", "[serve][router]") {
   c = config;
   c["rules"][0]["min_prompt_tokens"] = -3;
   CHECK_THAT(error(c), Contains("min_prompt_tokens"));
+  c = config;
+  c["engines"][1]["model"] = "a.gguf";
+  c["engines"][1]["dummy"] = "llama3-8b";
+  CHECK_THAT(error(c), Contains("engines[1] gives both 'model' and 'dummy'"));
+  c = config;
+  c["engines"][1]["tokenizer"] = "t.json";
+  CHECK_THAT(error(c), Contains("engines[1].tokenizer and .dummy_seed go with 'dummy'"));
+  c = config;
+  c["engines"][0]["backend"] = "tpu";
+  CHECK_THAT(error(c), Contains("engines[0]: backend 'tpu' is unknown"));
+  c = config;
+  c["engines"][0]["quantizer"] = "int3";
+  CHECK_THAT(error(c), Contains("engines[0]: quantizer 'int3' is unknown"));
+  c = config;
+  c["engines"][2]["gpu_memory_utilization"] = 1.5;
+  CHECK_THAT(error(c), Contains("engines[2].gpu_memory_utilization must be a number in (0, 1]"));
+  c = config;
+  c["engines"][0]["max_batch"] = "eight";
+  CHECK_THAT(error(c), Contains("engines[0].max_batch must be an integer"));
 }
 
 TEST_CASE("memory sizes", "[serve][router]") {
