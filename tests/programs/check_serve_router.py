@@ -13,6 +13,7 @@
 usage: check_serve_router.py BIN_DIR MODEL"""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -191,6 +192,17 @@ r = subprocess.run([os.path.join(bin_dir, "infer-serve"), "--model", model, "--r
                    capture_output=True, text=True, timeout=300)
 check(r.returncode == 1 and "engines 'small' and 'big' read different tokenizers (token 1000 differs)" in r.stderr,
       f"engines with different tokenizers are refused: {r.returncode} {r.stderr[-400:]}")
+
+# An engine on a backend this machine does not have: exit 2 with the reason, as every program does.
+if shutil.which("nvidia-smi") is None:
+    two_models["engines"][1]["tokenizer"] = model
+    two_models["engines"][1]["backend"] = "cuda"
+    with open(config_path, "w") as f:
+        json.dump(two_models, f)
+    r = subprocess.run([os.path.join(bin_dir, "infer-serve"), "--model", model, "--router", config_path, "--port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "infer-serve: " in r.stderr and "cuda" in r.stderr,
+          f"an engine on the cuda backend without a GPU: exit 2 ({r.returncode} {r.stderr[-300:]!r})")
 
 # A config with a mistake is refused at start, naming the field.
 bad = dict(config, rules=[{"engine": "nowhere", "min_prompt_tokens": 1}])
