@@ -412,4 +412,31 @@ with Server(bin_dir, model, "--enable-test-hooks", "--drain-timeout", "600") as 
     check(st == 503 and error_shape_ok(b) and b["error"]["code"] == "shutting_down",
           f"the request still waiting is refused 503 shutting_down: {st} {b}")
 
+# ---- priority over HTTP ------------------------------------------------------------------------------------
+# vLLM's `priority`: with one sequence running at a time, the request sent last with the lowest priority is
+# admitted first once the held engine resumes, and the others follow in priority order.
+with Server(bin_dir, model, "--enable-test-hooks", "--max-num-seqs", "1") as s:
+    check(s.hold(), "engine loop held for the priority order")
+    finished = []
+    lock = threading.Lock()
+
+    def ranked(priority):
+        st, _, b = s.post("/v1/completions", {"prompt": f"Item {priority}:", "max_tokens": 3, "ignore_eos": True,
+                                              "priority": priority, "tag": f"p{priority}"}, timeout=300)
+        with lock:
+            finished.append((priority, st))
+    threads = []
+    for i, priority in enumerate([5, 3, 9, -2]):
+        threads.append(threading.Thread(target=ranked, args=(priority,)))
+        threads[-1].start()
+        s.wait_metric("infer:num_requests_waiting", lambda v, n=i + 1: v == n)  # they arrive in this order
+    check(s.release(), "engine loop released")
+    for t in threads:
+        t.join(timeout=300)
+    check(finished == [(-2, 200), (3, 200), (5, 200), (9, 200)],
+          f"served in priority order, not arrival order (5, 3, 9, -2): {finished}")
+    st, _, b = s.post("/v1/completions", {"prompt": "x", "priority": 2**31})
+    check(st == 400 and b["error"]["param"] == "priority", f"a priority beyond 32 bits is refused: {st} {b}")
+    check(s.terminate(timeout=60) == 0, "exit 0 after SIGTERM")
+
 finish()

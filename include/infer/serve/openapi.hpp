@@ -6,6 +6,7 @@
 /// server answers with a 5xx has found a bug in one of the two.
 
 #include <algorithm>
+#include <limits>
 #include <cstdint>
 #include <string>
 
@@ -52,6 +53,11 @@ inline nlohmann::json openapi_document(const std::string& version, bool with_api
       {"repetition_penalty", nullable({{"type", "number"}, {"minimum", 0}, {"exclusiveMinimum", true}})},
       {"n", integer(1, std::min<std::int64_t>(SamplingParams::max_n, max_choices))},
       {"seed", integer(nullptr)},
+      {"priority", nullable({{"type", "integer"}, {"minimum", std::numeric_limits<std::int32_t>::min()},
+                             {"maximum", std::numeric_limits<std::int32_t>::max()},
+                             {"description", "lower is served earlier (the paged engine's priority scheduler)"}})},
+      {"tag", nullable({{"type", "string"}, {"maxLength", SamplingParams::max_tag_bytes},
+                        {"description", "a label for scheduling policies and the step trace"}})},
       {"stop", nullable({{"oneOf",
                           {{{"type", "string"}, {"minLength", 1}, {"maxLength", SamplingParams::max_stop_bytes}},
                            {{"type", "array"},

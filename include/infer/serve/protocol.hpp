@@ -271,6 +271,18 @@ inline void parse_common(const Fields& f, GenerationRequest& r) {
   if (auto v = f.integer("seed", std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max(),
                          "the 64-bit integers"))
     p.seed = static_cast<std::uint64_t>(*v);
+  // vLLM's `priority` (lower is served earlier by the paged engine's priority scheduler; 0 by default) and
+  // infer's `tag` (a label a research policy or the step trace may read; never shown to the model).
+  if (auto v = f.integer("priority", std::numeric_limits<std::int32_t>::min(), std::numeric_limits<std::int32_t>::max(),
+                         "the 32-bit integers (lower is served earlier)"))
+    p.priority = static_cast<std::int32_t>(*v);
+  if (auto v = f.string("tag")) {
+    if (v->size() > SamplingParams::max_tag_bytes)
+      throw ParamError("tag", cat("'tag' is ", v->size(), " bytes long; at most ", SamplingParams::max_tag_bytes,
+                                  " are allowed"));
+    if (!utf8::is_valid(*v)) throw ParamError("tag", "'tag' is not valid UTF-8");
+    p.tag = std::move(*v);
+  }
   p.stop = stop_list(f);
   if (const json* v = f.get("stop_token_ids")) {
     if (!v->is_array()) wrong_type("stop_token_ids", *v, "an array of token ids");

@@ -45,7 +45,7 @@ TEST_CASE("a completions body maps onto SamplingParams field by field", "[serve]
                      {"seed", -5},            {"presence_penalty", 0.5}, {"frequency_penalty", -0.5},
                      {"repetition_penalty", 1.1}, {"logprobs", 2},       {"ignore_eos", true},
                      {"stop_token_ids", {2, 3}},  {"min_tokens", 1},     {"user", "ignored"},
-                     {"some_future_field", {{"x", 1}}}};
+                     {"priority", -3},        {"tag", "batch-job"},      {"some_future_field", {{"x", 1}}}};
   const CompletionRequest r = parse_completion_request(body);
   CHECK(r.model == "m");
   REQUIRE(r.prompts.size() == 1);
@@ -66,6 +66,8 @@ TEST_CASE("a completions body maps onto SamplingParams field by field", "[serve]
   CHECK(r.params.ignore_eos);
   CHECK(r.params.stop_token_ids == std::vector<std::int32_t>{2, 3});
   CHECK(r.params.min_tokens == 1);
+  CHECK(r.params.priority == -3);
+  CHECK(r.params.tag == "batch-job");
   CHECK_FALSE(r.stream);
   CHECK_NOTHROW(r.params.validate());
 }
@@ -114,7 +116,7 @@ TEST_CASE("every range is at least as strict as vLLM's, and the message names th
                       {"max_tokens", 0},         {"max_tokens", -4},         {"n", 0},
                       {"n", 129},                {"top_k", -2},              {"logprobs", 21},
                       {"logprobs", -1},          {"min_tokens", -1},         {"max_tokens", 1e12},
-                      {"seed", 1e30}};
+                      {"seed", 1e30},            {"priority", 3e9},          {"priority", -3e9}};
   for (const auto& c : bad) {
     INFO(c.field << " = " << c.value.dump());
     const auto [param, message] = completion_error(with(base, c.field, c.value));
@@ -126,6 +128,10 @@ TEST_CASE("every range is at least as strict as vLLM's, and the message names th
     INFO(field);
     CHECK(completion_error(json::parse(std::string(R"({"prompt": "x", ")") + field + R"(": 0})")).first == field);
   }
+  CHECK(completion_error(with(base, "tag", std::string(SamplingParams::max_tag_bytes + 1, 'x'))).first == "tag");
+  CHECK(completion_error(with(base, "tag", 7)).first == "tag");
+  CHECK(completion_error(with(base, "priority", 1.5)).first == "priority");
+  CHECK(parse_chat_request({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"priority", 5}}).params.priority == 5);
   // Boundaries are accepted.
   CHECK_NOTHROW(parse_completion_request(with(with(with(base, "temperature", 2), "top_p", 1), "min_p", 1)));
   CHECK_NOTHROW(parse_completion_request(with(with(base, "presence_penalty", -2), "frequency_penalty", 2)));
