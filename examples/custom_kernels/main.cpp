@@ -23,7 +23,9 @@ struct CountingAttention : infer::PagedAttention<> {
   }
 };
 
-// 2. A Quantizer: F32 (weights decoded to f32 at load, OpenBLAS GEMMs), counting loads and matmuls.
+// 2. A Quantizer: F32 (weights decoded to f32 at load, OpenBLAS GEMMs), counting loads and matmuls. It sees
+//    every linear layer and the LM head; as an F32 it also serves the embedding's rows (F32::embed), so a
+//    tied head is the embedding, loaded once.
 struct CountingF32 : infer::F32 {
   static inline std::int64_t loads = 0, matmuls = 0;
   template <class B>

@@ -188,6 +188,18 @@ concept Quantizer = Backend<B> && requires(const WeightTensor& t, typename Backe
   { Q::matmul(ctx, w, x, rows, y) } -> std::same_as<void>;
 };
 
+/// A Quantizer whose weights can also serve as the token embedding: `Q::embed(w, id, row)` writes row
+/// `id` of `w` (`w.in()` values in B's activation type). The decoder then loads the embedding through Q
+/// once, and a tied LM head multiplies with that same weight. Without `embed` the embedding is decoded to
+/// f32 outside Q, and a tied LM head is loaded through Q a second time, so that every linear layer,
+/// the LM head included, goes through the Quantizer either way.
+template <class Q, class B>
+concept EmbeddingQuantizer =
+    Quantizer<Q, B> && requires(const typename Q::template linear<B>& w, std::int32_t id,
+                                typename BackendTraits<B>::activation* row) {
+      { Q::embed(w, id, row) } -> std::same_as<void>;
+    };
+
 // ---- Diagnostics ------------------------------------------------------------------------------------
 namespace policy_detail {
 /// Unevaluated values of any type, short enough to spell a member call (std::declval).

@@ -20,8 +20,8 @@
 ///     Round-to-nearest's relative error is at most u and rms ~0.42u; uniform in [-u, u] has rms 0.58u,
 ///     so σ is overestimated by ~1.4x: the bounds built on it err on the safe side.
 /// Not reachable from this seam (counted as a small slack in the bounds that use σ, see noise_bound):
-/// the embedding rows (bf16 on the GPU; exact for dummy weights), a tied LM head (the CPU decoder
-/// multiplies with its F32 embedding directly) and the Qwen2 bias add (a second rounding of q/k/v).
+/// the embedding rows (bf16 on the GPU; exact for dummy weights) and the Qwen2 bias add (a second rounding
+/// of q/k/v). A tied LM head is reachable: the decoder loads it through the Quantizer (llama_weights.hpp).
 /// Other GPU differences are f32-level (summation order, fast exp/rsqrt): ~1e-6 relative, far below σ.
 
 #include <cmath>
@@ -88,14 +88,19 @@ struct Bf16Stages {
     Linear l{F32::load<cpu>(t)};
     const std::string_view n = t.name;
     const auto ends = [&](std::string_view s) { return n.size() >= s.size() && n.substr(n.size() - s.size()) == s; };
-    if (ends("output.weight") || ends("lm_head.weight")) l.out_roundings = 0;
+    // The LM head: untied ("output"), or tied (the embedding's tensor, loaded a second time as the head
+    // because Bf16Stages cannot serve embedding rows). Its logits are f32, and the GPU multiplies with a
+    // bf16 copy of it (llama_cuda.hpp's lm_head_), never with GGUF blocks.
+    const bool head = ends("output.weight") || ends("lm_head.weight") || ends("token_embd.weight") ||
+                      ends("embed_tokens.weight");
+    if (head) l.out_roundings = 0;
     else if (ends("attn_q.weight") || ends("q_proj.weight") || ends("attn_k.weight") || ends("k_proj.weight"))
       l.out_roundings = 2;
     const bool exact_bf16 = t.dummy.has_value() || t.type == DType::bf16;
     l.weight_rounded = !exact_bf16;
     // GgufInPlace's fused GEMV (kernels/cuda/gguf_gemv.cu) reads these block types exactly.
-    l.gemv_reads_blocks = t.type == DType::q8_0 || t.type == DType::q4_0 || t.type == DType::q4_1 ||
-                          t.type == DType::q4_k || t.type == DType::q6_k;
+    l.gemv_reads_blocks = !head && (t.type == DType::q8_0 || t.type == DType::q4_0 || t.type == DType::q4_1 ||
+                                    t.type == DType::q4_k || t.type == DType::q6_k);
     return l;
   }
 

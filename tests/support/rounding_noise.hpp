@@ -14,8 +14,8 @@
 /// errors (≈ normal, mean 0, sd σ_j); measured against σ_j estimated from 24 runs it follows Student's t
 /// with 24 degrees of freedom, and P(|t_24| > 10) = 4.9e-10: over the ~10^6 logits a [cuda] run compares, a
 /// correct GPU exceeds a bound with probability ~5e-4. The perturbation overestimates σ (bf16_stages.hpp),
-/// which more than covers the few roundings the CPU seam cannot reach (the embedding rows and a tied LM
-/// head's input: 2 of the ~8 per layer times the layers). The 1e-6 term is the f32-level difference
+/// which more than covers the few roundings the CPU seam cannot reach (the embedding rows: 1 of the ~8 per
+/// layer times the layers). The 1e-6 term is the f32-level difference
 /// (summation order, fast exp/rsqrt; ~2^-20 relative), which σ dwarfs. Checked on the CPU, where bf16
 /// rounding can be reproduced exactly (tests/unit/model/test_rounding_noise.cpp): the rounded decoder's
 /// worst |Δ| is 2.6-3.6 σ over ~10^4 logits, as the largest of that many normal draws would be.

@@ -82,9 +82,13 @@ class LlamaModel<cpu, Q, Attn> {
     std::int64_t row = 0, samples = 0;
     for (const auto& c : chunks) {
       for (std::size_t i = 0; i < c.tokens.size(); ++i, ++row) {
-        std::memcpy(&x_[static_cast<std::size_t>(row * H)],
-                    w_.token_embd.data() + static_cast<std::size_t>(c.tokens[i]) * static_cast<std::size_t>(H),
-                    static_cast<std::size_t>(H) * sizeof(float));
+        float* dst = &x_[static_cast<std::size_t>(row * H)];
+        if constexpr (EmbeddingQuantizer<Q, cpu>) {
+          Q::embed(w_.token_embd, c.tokens[i], dst);
+        } else {
+          std::memcpy(dst, w_.token_embd.data() + static_cast<std::size_t>(c.tokens[i]) * static_cast<std::size_t>(H),
+                      static_cast<std::size_t>(H) * sizeof(float));
+        }
         pos_[static_cast<std::size_t>(row)] = c.start + static_cast<std::int32_t>(i);
       }
       if (c.samples) sample_rows_[static_cast<std::size_t>(samples++)] = static_cast<std::int32_t>(row - 1);
@@ -155,8 +159,7 @@ class LlamaModel<cpu, Q, Attn> {
                   static_cast<std::size_t>(H) * sizeof(float));
     kernels::cpu::rms_norm(last_.data(), w_.output_norm.data(), last_.data(), samples, H, config_.rms_norm_eps);
     const auto srows = static_cast<std::int32_t>(samples);
-    if (w_.output) Q::matmul(cpu{}, *w_.output, last_.data(), srows, logits.data());
-    else F32::matmul(cpu{}, w_.token_embd, last_.data(), srows, logits.data());
+    Q::matmul(cpu{}, w_.lm_head(), last_.data(), srows, logits.data());
   }
 
  private:

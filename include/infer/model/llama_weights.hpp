@@ -1,9 +1,11 @@
 #pragma once
 /// \file
-/// The weights of the Llama-family decoder, loaded from a ModelSource by canonical role. Linear
-/// layers go through the Quantizer (`Q::load<B>`), which decides their storage; norms, biases and
-/// the token embedding are decoded to f32 once (the embedding may be quantized in the file, e.g. Q8_0
-/// in SmolLM2; a gather reads single rows, which no GEMM layout helps with). Every shape is checked
+/// The weights of the Llama-family decoder, loaded from a ModelSource by canonical role. Every linear
+/// layer goes through the Quantizer (`Q::load<B>`), which decides its storage — the LM head too, tied or
+/// not. The token embedding goes through it as well when the Quantizer can look rows up
+/// (EmbeddingQuantizer: `Q::embed`), and a tied LM head is then that same weight; otherwise the embedding
+/// is decoded to f32 once (it may be quantized in the file, e.g. Q8_0 in SmolLM2) and a tied head is a
+/// second load of the same tensor through Q. Norms and biases are decoded to f32. Every shape is checked
 /// against the ModelConfig here, so the forward pass can trust them.
 
 #include <concepts>
@@ -11,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -33,14 +36,24 @@ struct LlamaLayerWeights {
   typename Q::template linear<B> gate, up, down;
 };
 
-/// Host-side (B = cpu) weights. The embedding is an F32 linear [vocab][hidden]: rows are gathered for
-/// the input, and a tied LM head multiplies with the same matrix (no second copy).
+/// The token embedding's storage: the Quantizer's when it can look rows up, else dense f32.
+template <class Q, class B>
+using embedding_linear_t = std::conditional_t<EmbeddingQuantizer<Q, B>, typename Q::template linear<B>, F32::linear<cpu>>;
+
+/// Host-side (B = cpu) weights. The embedding is a linear [vocab][hidden] whose rows are gathered for the
+/// input.
 template <class Q, class B>
 struct LlamaWeights {
-  F32::linear<cpu> token_embd;
+  embedding_linear_t<Q, B> token_embd;
   std::vector<float> output_norm;                       ///< [hidden]
-  std::optional<typename Q::template linear<B>> output;  ///< nullopt: tied to token_embd
+  std::optional<typename Q::template linear<B>> output;  ///< the LM head; nullopt: tied to a token_embd Q holds
   std::vector<LlamaLayerWeights<Q, B>> layers;
+
+  /// The LM head [vocab][hidden], through the Quantizer in every case.
+  [[nodiscard]] const typename Q::template linear<B>& lm_head() const {
+    if constexpr (EmbeddingQuantizer<Q, B>) return output ? *output : token_embd;
+    else return *output;
+  }
 };
 
 namespace detail {
@@ -96,9 +109,12 @@ LlamaWeights<Q, B> load_llama_weights(const ModelSource& src) {
   const ModelConfig& c = src.config();
   const std::int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   LlamaWeights<Q, B> w;
-  w.token_embd = detail::load_linear<F32, cpu>(src, "token_embd", c.vocab_size, hidden, store);
+  if constexpr (EmbeddingQuantizer<Q, B>) w.token_embd = detail::load_linear<Q, B>(src, "token_embd", c.vocab_size, hidden, store);
+  else w.token_embd = detail::load_linear<F32, cpu>(src, "token_embd", c.vocab_size, hidden, store);
   w.output_norm = detail::load_vector(src, "output_norm", hidden);
   if (!c.tie_word_embeddings) w.output.emplace(detail::load_linear<Q, B>(src, "output", c.vocab_size, hidden, store));
+  else if constexpr (!EmbeddingQuantizer<Q, B>)  // tied, and Q cannot serve the embedding: the head alone through Q
+    w.output.emplace(detail::load_linear<Q, B>(src, "token_embd", c.vocab_size, hidden, store));
   w.layers.reserve(static_cast<std::size_t>(c.num_layers));
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     const auto role = [&](const char* name) { return cat("blk.", i, ".", name); };

@@ -7,6 +7,7 @@
 /// beats decoding blocks inside the GEMM without hand-written SIMD kernels.
 
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -86,8 +87,16 @@ struct F32 {
   static void matmul(cpu, const linear<cpu>& w, const float* x, std::int32_t rows, float* y) {
     kernels::cpu::gemm_xwt(x, w.data(), y, rows, w.out(), w.in());
   }
+
+  /// row[w.in()] = w[id]: the token embedding's lookup, so the embedding and a tied LM head are one
+  /// weight (EmbeddingQuantizer). `id` is checked by the decoder (validate_step).
+  static void embed(const linear<cpu>& w, std::int32_t id, float* row) {
+    std::memcpy(row, w.data() + static_cast<std::size_t>(id) * static_cast<std::size_t>(w.in()),
+                static_cast<std::size_t>(w.in()) * sizeof(float));
+  }
 };
 
 static_assert(Quantizer<F32, cpu>);
+static_assert(EmbeddingQuantizer<F32, cpu>);
 
 }  // namespace infer
