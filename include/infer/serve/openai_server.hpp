@@ -184,7 +184,7 @@ class OpenAIServer {
 
   EngineWorker& primary() const { return *workers_.front(); }
 
-  /// Any loaded engine's tokenizer (they serve one model); ServiceError while none is loaded.
+  /// Any loaded engine's tokenizer (a router's engines read one: infer-serve checks); ServiceError while none is loaded.
   const Tokenizer& tokenizer() const {
     std::optional<ServiceError> err;
     for (auto* w : workers_) {

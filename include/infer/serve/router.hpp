@@ -19,7 +19,7 @@
 /// An engine entry takes what the command line leaves out: its model (`model`, or `dummy` with
 /// `tokenizer` and `dummy_seed`), `backend`, `quantizer`, the static Shape, the cache and scheduler limits.
 /// The server tokenizes a prompt once, before routing, so every engine must read the same tokenizer
-/// (infer-serve checks it once the engines are loaded: same_tokenizer). Engines load one after another in
+/// (infer-serve checks it once the engines are loaded: tokenizer_difference). Engines load one after another in
 /// config order; on the GPU each one's `gpu_memory_utilization` caps the device's use once it is loaded,
 /// the engines before it included (vLLM's meaning, per engine), so the later engine gets the larger number.
 ///
