@@ -25,6 +25,11 @@
 #   bench/gpu_suite.sh connections  the same server under 50, 200 and 1,000 concurrent clients, a new
 #                                connection per request and kept alive (0 failed expected), then
 #                                tests/programs/check_serve_connections.py (CPU backend)
+#   bench/gpu_suite.sh peer-serve   infer-serve and llama.cpp's llama-server on the same Llama-3-8B-shaped Q4_K_M
+#                                file, one after the other in one run: infer-bench-serve at 50 and 200 concurrent
+#                                (128 in / 32 out), a new connection per request and kept alive, against each.
+#                                Needs llama.cpp built and the files made first: ../shared/peers/prepare.sh here,
+#                                then on the device (carrying .xfer/peers) .xfer/peers/device.sh build and models
 # The default model must be at models/SmolLM2-135M-Instruct.Q4_1.gguf (on the device machine: staged with
 # ../shared/device/stage.sh and linked there). INFER_COMMIT names the commit in every JSON record.
 set -uo pipefail
@@ -169,6 +174,42 @@ JSON
     wait $server || { echo "FAILED: infer-serve exited $?"; fail=1; }
     tail -3 "$log"
     ;;
+  peer-serve)
+    L=/root/lcp/llama.cpp/build/bin
+    f=/root/peer/d8b-q4_k_m.gguf
+    if [ ! -x $L/llama-server ] || [ ! -f $f ]; then
+      echo "peer-serve: no $L/llama-server or $f; run .xfer/peers/device.sh build and models first" >&2
+      exit 2
+    fi
+    for server in infer llama.cpp; do
+      port=8014
+      log=$out/peer-serve-$server.log
+      if [ $server = infer ]; then
+        "$bin"/infer-serve --model $f --backend cuda --port $port --max-num-seqs 256 --max-num-batched-tokens 8192 \
+          --max-model-len 4096 --max-waiting 2048 --no-prefix-caching >"$log" 2>&1 &
+      else  # 256 slots of 512 tokens: every request of these loads fits its slot
+        $L/llama-server -m $f -ngl 99 --flash-attn on --host 127.0.0.1 --port $port -np 256 -c $((256 * 512)) \
+          --no-webui >"$log" 2>&1 &
+      fi
+      pid=$!
+      for _ in $(seq 1 240); do
+        python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break
+        sleep 0.5
+      done
+      for spec in "50 300" "200 1200"; do
+        set -- $spec
+        for ka in no-keep-alive keep-alive; do
+          flag=""; [ $ka = no-keep-alive ] && flag=--no-keep-alive
+          run "$bin"/infer-bench-serve --url http://127.0.0.1:$port --num-prompts $2 --max-concurrency $1 $flag \
+            --random-input-len 128 --random-output-len 32 --label "$server, 8B Q4_K_M, $1 concurrent, $ka" \
+            --result-file "$out/peer-serve-$server-c$1-$ka.json"
+        done
+      done
+      kill -TERM $pid
+      wait $pid
+      tail -3 "$log"
+    done
+    ;;
   connections)
     # The issue "The server holds under bursts, slow clients and hang-ups": on the H200, cpp-httplib's server
     # lost 8 of 300 requests at 50 concurrent and 32 of 1,200 at 200 ("connection: Read"), each request on a
@@ -200,7 +241,7 @@ JSON
     run python3 tests/programs/check_serve_connections.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
     ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|test [PART]|seeds N...|bench|engines|serve|router|connections" >&2
+    echo "usage: bench/gpu_suite.sh build|test [PART]|seeds N...|bench|engines|serve|router|connections|peer-serve" >&2
     exit 2
     ;;
 esac
