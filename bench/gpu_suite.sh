@@ -2,10 +2,10 @@
 # The GPU machine's run, in phases that fit the device tool's 10-minute calls:
 #   bench/gpu_suite.sh build     configure + build the [cuda] tests and the benchmarks (Release, sm_90)
 #                                into $BUILD (default build-gpu)
-#   bench/gpu_suite.sh test [PART]  the [cuda] tests with the suite's fixed seeds: all of them (about 13 minutes
+#   bench/gpu_suite.sh test [PART]  the [cuda] tests with the suite's fixed seeds: all of them (about 11 minutes
 #                                on the H200, more than one device call), or one PART that fits a call:
 #                                ops (kernels, decoders, sampling; ~4 min), engines (the engines on dummy
-#                                models; ~3 min), smollm2 (the engines and infer::LLM on SmolLM2; ~6 min)
+#                                models; ~3 min), smollm2 (the engines and infer::LLM on SmolLM2; ~4 min)
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
 #                                for the fixed seeds), each run's log in $OUT/cuda-tests-seed-N.log;
 #                                PART=ops|engines|smollm2 in the environment picks one part
