@@ -59,6 +59,8 @@ case "${1:-}" in
     cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DINFER_CUDA=ON >/dev/null &&
       cmake --build "$build" -j"$(nproc)" --target test_cuda infer-bench-latency infer-bench-throughput \
         infer-serve infer-bench-serve infer-offline-batch infer-generate || exit 1
+    # The CPU reference (the [cuda] tests' replays) runs on this BLAS: which library, how many threads.
+    echo "cores: $(nproc); BLAS: $(ldd "$build"/tests/test_cuda | grep -iE 'blas|lapack' | tr -s ' \t' ' ' | tr '\n' ';')"
     ;;
   test)
     filter=$(test_filter "${2:-all}") || exit 2
