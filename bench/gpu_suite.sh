@@ -2,10 +2,10 @@
 # The GPU machine's run, in phases that fit the device tool's 10-minute calls:
 #   bench/gpu_suite.sh build     configure + build the [cuda] tests and the benchmarks (Release, sm_90)
 #                                into $BUILD (default build-gpu)
-#   bench/gpu_suite.sh test [PART]  the [cuda] tests with the suite's fixed seeds: all of them (about 7.5 minutes
+#   bench/gpu_suite.sh test [PART]  the [cuda] tests with the suite's fixed seeds: all of them (about 8 minutes
 #                                on the H200, from the 2026-12-05 durations), or one PART: ops (kernels, decoders,
 #                                sampling; ~1.5 min), engines (the engines on dummy models; ~1.5 min), smollm2 (the
-#                                engines and infer::LLM on SmolLM2; ~4 min, nearly all of it the CPU reference's
+#                                engines and infer::LLM on SmolLM2; ~5 min, nearly all of it the CPU reference's
 #                                replay, ~85 s per nine prompts)
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
 #                                for the fixed seeds), each run's log in $OUT/cuda-tests-seed-N.log;
