@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   std::vector<std::unique_ptr<infer::serve::EngineWorker>> workers;
-  std::vector<std::string> engine_models;  // what each worker loads, for the log
+  std::vector<std::string> engine_models, engine_backends;  // what each worker loads and where, for the log
   std::unique_ptr<infer::serve::OpenAIServer> server;
   try {
     spec.validate();
@@ -208,6 +208,7 @@ int main(int argc, char** argv) {
           [model = engine.model, options = engine.llm] { return infer::make_engine(model, options); }, engine.worker));
       raw.push_back(workers.back().get());
       engine_models.push_back(engine.model.name());
+      engine_backends.push_back(engine.model.backend);
     }
     server = std::make_unique<infer::serve::OpenAIServer>(so, infer::serve::Router(config), raw);
     if (std::string why; !server->bind(&why)) {
@@ -221,8 +222,10 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "infer-serve: error: {}\n", e.what());
     return 1;
   }
-  fmt::print(stderr, "infer-serve: listening on http://{}:{} (loading {} on {}; backlog {}, up to {} connections)\n",
-             so.http.host, server->port(), so.model_path, spec.backend, infer::serve::HttpTransport::listen_backlog(),
+  const std::string loading = workers.size() == 1 ? fmt::format("{} on {}", engine_models.front(), engine_backends.front())
+                                                 : fmt::format("{} engines, in config order", workers.size());
+  fmt::print(stderr, "infer-serve: listening on http://{}:{} (loading {}; backlog {}, up to {} connections)\n",
+             so.http.host, server->port(), loading, infer::serve::HttpTransport::listen_backlog(),
              so.http.max_connections);
   if (so.test_hooks)
     fmt::print(stderr, "infer-serve: test hooks enabled (POST /debug/hold, /debug/release): not for production\n");
