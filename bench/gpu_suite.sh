@@ -33,6 +33,15 @@
 #                                then on the device (carrying .xfer/peers) .xfer/peers/device.sh build and models
 # The default model must be at models/SmolLM2-135M-Instruct.Q4_1.gguf (on the device machine: staged with
 # ../shared/device/stage.sh and linked there). INFER_COMMIT names the commit in every JSON record.
+#
+# A 30-minute device session, as measured on 2026-12-05 (machine start ~1.5 min; a machine idle for 30 s is
+# given back with everything on it, so issue each call as soon as the last returns):
+#   1-2. the model's two parts (stage.sh), each a call of under a second;
+#   3.   `build` (~6 min: 358 s with test_cuda) then `test ops` in the same call, carrying .deps;
+#   4.   `test engines` and `test smollm2` (~6.5 min);
+#   5+.  benchmarks: `engines` (~1 min), `connections` (~1 min), `router`, `serve`, `bench`.
+# Every call: `source .deps/unpack.sh && mkdir -p models && ln -sf /root/stage/<model> models/ && ...`, with
+# OUT=$OUT so the logs and JSON come back.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${BUILD:-build-gpu}
