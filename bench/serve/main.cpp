@@ -435,7 +435,7 @@ int main(int argc, char** argv) {
     std::vector<double> ttft, tpot, itl, e2e;
     std::int64_t in_tokens = 0, out_tokens = 0;
     int completed = 0, good = 0;
-    json errors = json::object(), engines = json::object(), failures = json::object();
+    json errors = json::object(), failures = json::object();
     struct EngineLatency {
       std::vector<double> ttft, tpot, e2e;
     };
@@ -457,7 +457,6 @@ int main(int argc, char** argv) {
       if (o.output_tokens > 1) tpot.push_back(per_token);
       itl.insert(itl.end(), o.itl.begin(), o.itl.end());
       if (!o.engine.empty()) {
-        engines[o.engine] = engines.value(o.engine, 0) + 1;
         auto& l = per_engine[o.engine];
         l.ttft.push_back(o.ttft);
         l.e2e.push_back(o.e2e);
@@ -471,6 +470,12 @@ int main(int argc, char** argv) {
       good += meets ? 1 : 0;
     }
 
+    json engines = json::object(), by_engine = json::object();  // served_by: counts; by_engine: and latencies
+    for (const auto& [name, l] : per_engine) {
+      engines[name] = l.e2e.size();
+      by_engine[name] = {{"completed", l.e2e.size()}, {"ttft_ms", summary_ms(l.ttft)}, {"tpot_ms", summary_ms(l.tpot)},
+                         {"e2e_ms", summary_ms(l.e2e)}};
+    }
     json slo_json = json::object();
     for (const auto& [k, v] : slos) slo_json[k] = v;
     json record{
@@ -507,12 +512,8 @@ int main(int argc, char** argv) {
         {"itl_ms", summary_ms(itl)},
         {"e2e_ms", summary_ms(e2e)},
         {"served_by", engines},
+        {"by_engine", by_engine},
     };
-    json by_engine = json::object();
-    for (const auto& [name, l] : per_engine)
-      by_engine[name] = {{"completed", l.e2e.size()}, {"ttft_ms", summary_ms(l.ttft)}, {"tpot_ms", summary_ms(l.tpot)},
-                         {"e2e_ms", summary_ms(l.e2e)}};
-    record["by_engine"] = by_engine;
 
     fmt::print("{:=^60}\n", " Serving benchmark result ");
     auto row = [](const std::string& k, const std::string& v) { fmt::print("{:<42}{:>18}\n", k, v); };
