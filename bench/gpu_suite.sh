@@ -58,6 +58,13 @@ out=${OUT:-bench/results/gpu}
 mkdir -p "$out"
 bin=$build/bin
 fail=0
+wait_healthy() {  # wait_healthy PORT SECONDS: until the server's /health is 200 (503 while it loads and captures)
+  for _ in $(seq 1 $((2 * $2))); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$1/health', timeout=2)" 2>/dev/null && return 0
+    sleep 0.5
+  done
+  echo "FAILED: no healthy server on port $1 after $2 s"; fail=1
+}
 run() {  # run CMD...: echo it, run it, remember a failure, go on
   echo "+ $*"
   "$@" || { echo "FAILED ($?): $*"; fail=1; }
@@ -137,10 +144,7 @@ case "${1:-}" in
       --port $port --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 4096 --max-waiting 1024 \
       --no-prefix-caching >"$log" 2>&1 &
     server=$!
-    for _ in $(seq 1 120); do  # /health is 503 while the weights load and the graphs are captured
-      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break
-      sleep 0.5
-    done
+    wait_healthy $port 60
     # Rates below, near and above what the engine sustains for 512 in / 128 out (about 100 requests/s
     # offline at max_num_seqs 256): latency at light load, at the knee, and queueing past it.
     for spec in "4 120" "16 480" "64 1200"; do
@@ -170,10 +174,7 @@ JSON
     "$bin"/infer-serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --backend cuda --router "$cfg" --port $port \
       --max-model-len 4096 --max-waiting 1024 >"$log" 2>&1 &
     server=$!
-    for _ in $(seq 1 240); do
-      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break
-      sleep 0.5
-    done
+    wait_healthy $port 120
     grep "ready" "$log"
     # Prompts of 40 to 360 words: the shorter ones to the small model's static engine, the rest to the 8B shape.
     for rate in 8 32; do
@@ -204,10 +205,7 @@ JSON
           --no-webui >"$log" 2>&1 &
       fi
       pid=$!
-      for _ in $(seq 1 240); do
-        python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break
-        sleep 0.5
-      done
+      wait_healthy $port 120
       for spec in "50 300" "200 1200"; do
         set -- $spec
         for ka in no-keep-alive keep-alive; do
@@ -234,10 +232,7 @@ JSON
       --port $port --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 4096 --max-waiting 2048 \
       --no-prefix-caching >"$log" 2>&1 &
     server=$!
-    for _ in $(seq 1 120); do
-      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break
-      sleep 0.5
-    done
+    wait_healthy $port 60
     for spec in "50 300" "200 1200" "1000 3000"; do
       set -- $spec
       for ka in no-keep-alive keep-alive; do
