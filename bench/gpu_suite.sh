@@ -65,6 +65,19 @@ wait_healthy() {  # wait_healthy PORT SECONDS: until the server's /health is 200
   done
   echo "FAILED: no healthy server on port $1 after $2 s"; fail=1
 }
+concurrency_sweep() {  # concurrency_sweep PORT LABEL FILE_PREFIX "C N"...: infer-bench-serve, 128 in / 32 out, N
+  local port=$1 label=$2 prefix=$3 spec ka flag   # requests at C concurrent, a new connection per request and kept alive
+  shift 3
+  for spec in "$@"; do
+    set -- $spec
+    for ka in no-keep-alive keep-alive; do
+      flag=""; [ $ka = no-keep-alive ] && flag=--no-keep-alive
+      run "$bin"/infer-bench-serve --url http://127.0.0.1:$port --num-prompts $2 --max-concurrency $1 $flag \
+        --random-input-len 128 --random-output-len 32 --label "$label, $1 concurrent, $ka" \
+        --result-file "$out/$prefix-c$1-$ka.json"
+    done
+  done
+}
 run() {  # run CMD...: echo it, run it, remember a failure, go on
   echo "+ $*"
   "$@" || { echo "FAILED ($?): $*"; fail=1; }
@@ -206,15 +219,7 @@ JSON
       fi
       pid=$!
       wait_healthy $port 120
-      for spec in "50 300" "200 1200"; do
-        set -- $spec
-        for ka in no-keep-alive keep-alive; do
-          flag=""; [ $ka = no-keep-alive ] && flag=--no-keep-alive
-          run "$bin"/infer-bench-serve --url http://127.0.0.1:$port --num-prompts $2 --max-concurrency $1 $flag \
-            --random-input-len 128 --random-output-len 32 --label "$server, 8B Q4_K_M, $1 concurrent, $ka" \
-            --result-file "$out/peer-serve-$server-c$1-$ka.json"
-        done
-      done
+      concurrency_sweep $port "$server, 8B Q4_K_M" "peer-serve-$server" "50 300" "200 1200"
       kill -TERM $pid
       wait $pid
       tail -3 "$log"
@@ -233,15 +238,7 @@ JSON
       --no-prefix-caching >"$log" 2>&1 &
     server=$!
     wait_healthy $port 60
-    for spec in "50 300" "200 1200" "1000 3000"; do
-      set -- $spec
-      for ka in no-keep-alive keep-alive; do
-        flag=""; [ $ka = no-keep-alive ] && flag=--no-keep-alive
-        run "$bin"/infer-bench-serve --url http://127.0.0.1:$port --num-prompts $2 --max-concurrency $1 $flag \
-          --random-input-len 128 --random-output-len 32 --label "llama3-8b dummy, $1 concurrent, $ka" \
-          --result-file "$out/connections-llama3-8b-c$1-$ka.json"
-      done
-    done
+    concurrency_sweep $port "llama3-8b dummy" connections-llama3-8b "50 300" "200 1200" "1000 3000"
     kill -TERM $server
     wait $server || { echo "FAILED: infer-serve exited $?"; fail=1; }
     tail -3 "$log"
