@@ -7,6 +7,8 @@
 #                                sampling; ~1.5 min), engines (the engines on dummy models; ~1.5 min), smollm2 (the
 #                                engines and infer::LLM on SmolLM2; ~5 min, nearly all of it the CPU reference's
 #                                replay, ~85 s per nine prompts)
+#   bench/gpu_suite.sh reference ["T.."]  the [cuda] engine tests' CPU reference (replay_greedy of nine SmolLM2
+#                                prompts) timed at OpenBLAS thread counts T (default: all cores, 8, 4)
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
 #                                for the fixed seeds), each run's log in $OUT/cuda-tests-seed-N.log;
 #                                PART=ops|engines|smollm2 in the environment picks one part
@@ -86,14 +88,19 @@ run() {  # run CMD...: echo it, run it, remember a failure, go on
 case "${1:-}" in
   build)
     cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DINFER_CUDA=ON >/dev/null &&
-      cmake --build "$build" -j"$(nproc)" --target test_cuda infer-bench-latency infer-bench-throughput \
-        infer-serve infer-bench-serve infer-offline-batch infer-generate || exit 1
+      cmake --build "$build" -j"$(nproc)" --target test_cuda test_rounding_noise infer-bench-latency \
+        infer-bench-throughput infer-serve infer-bench-serve infer-offline-batch infer-generate || exit 1
     # The CPU reference (the [cuda] tests' replays) runs on this BLAS: which library, how many threads.
     echo "cores: $(nproc); BLAS: $(ldd "$build"/tests/test_cuda | grep -iE 'blas|lapack' | tr -s ' \t' ' ' | tr '\n' ';')"
     ;;
   test)
     filter=$(test_filter "${2:-all}") || exit 2
     run "$build"/tests/test_cuda --durations yes "$filter"
+    ;;
+  reference)  # the CPU reference's time (most of the [cuda] suite's) at several OpenBLAS thread counts
+    for threads in ${2:-$(nproc) 8 4}; do
+      OPENBLAS_NUM_THREADS=$threads run "$build"/tests/test_rounding_noise "[.bench]"
+    done
     ;;
   seeds)
     shift

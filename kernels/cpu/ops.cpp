@@ -33,6 +33,11 @@ void gemm_xwt(const float* x, const float* w, float* y, std::int64_t rows, std::
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
 }
 
+std::string blas_info() {
+  return detail::cat(openblas_get_config(), "; core ", openblas_get_corename(), "; ", openblas_get_num_threads(),
+                     " threads");
+}
+
 void rms_norm(const float* x, const float* weight, float* y, std::int64_t rows, std::int64_t dim, float eps) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;

@@ -35,6 +35,7 @@
 #include "infer/core/half.hpp"
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/quant/f32.hpp"
+#include "support/parallel_for.hpp"
 
 namespace infer::test {
 
@@ -48,7 +49,7 @@ struct Bf16Stages {
   /// What matmul does now, per thread. `Scope` sets it for a block and restores the previous state.
   struct State {
     Mode mode = Mode::exact;
-    std::uint64_t rng = 0;  ///< splitmix64 state: millions of draws per step, so a cheap generator
+    std::uint64_t rng = 0;  ///< advanced once per perturbed pass; the pass hashes it with each value's index
   };
   static State& state() {
     thread_local State s;
@@ -123,27 +124,48 @@ struct Bf16Stages {
   }
 
  private:
+  /// Mode::round rounds every value to bf16; Mode::perturb multiplies value i by Π_k (1 + u·e_ik), e_ik
+  /// uniform in [-1, 1), drawn from a counter-based generator: the call's stream (one draw of the thread's
+  /// state) hashed with i's group of values. So the values do not depend on how the pass is split over
+  /// threads, and a seed reproduces a run. Spread over the WorkerPool: on the GPU machine this pass, single-threaded, cost more
+  /// than the reference's (threaded) GEMMs.
   static void apply(std::span<float> v, int roundings) {
     if (roundings == 0) return;
+    constexpr std::size_t kChunk = std::size_t{1} << 14;
     if (state().mode == Mode::round) {
-      for (float& f : v) f = bf16_to_f32(f32_to_bf16(f));
+      parallel_for(v.size(), kChunk, [&](std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+      });
       return;
     }
-    std::uint64_t& z = state().rng;
-    for (float& f : v) {
-      double scale = 1.0;
-      for (int i = 0; i < roundings; ++i) scale *= 1.0 + kUnitRoundoff * uniform_pm1(z);
-      f = static_cast<float>(f * scale);
-    }
+    // One 64-bit hash gives four 16-bit uniforms: four values' worth with one rounding, two with two (at
+    // most two are applied at one point). 2^-15·u steps are far finer than anything σ resolves.
+    const std::size_t per_hash = 4 / static_cast<std::size_t>(roundings);
+    const std::uint64_t stream = mix(state().rng += kGolden);
+    parallel_for(v.size(), kChunk, [&](std::size_t b, std::size_t e) {  // kChunk: a multiple of both
+      for (std::size_t g = b / per_hash; g * per_hash < e; ++g) {
+        std::uint64_t h = mix(stream + (g + 1) * kGolden);
+        for (std::size_t i = g * per_hash; i < std::min(e, (g + 1) * per_hash); ++i) {
+          float scale = 1.0f;
+          for (int k = 0; k < roundings; ++k, h >>= 16) scale *= 1.0f + kU * uniform_pm1(static_cast<std::uint16_t>(h));
+          v[i] *= scale;
+        }
+      }
+    });
   }
 
-  /// Uniform in [-1, 1) from 53 bits of splitmix64.
-  static double uniform_pm1(std::uint64_t& state) noexcept {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  static constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+  static constexpr float kU = static_cast<float>(kUnitRoundoff);
+
+  /// splitmix64's finalizer: a well-mixed 64-bit hash of a counter.
+  static constexpr std::uint64_t mix(std::uint64_t z) noexcept {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return static_cast<double>(z >> 11) * 0x1p-52 - 1.0;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [-1, 1) from 16 random bits.
+  static constexpr float uniform_pm1(std::uint16_t bits) noexcept {
+    return static_cast<float>(static_cast<std::int16_t>(bits)) * 0x1p-15f;
   }
 };
 

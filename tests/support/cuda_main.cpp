@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "infer/kernels/cpu_ops.hpp"
+
 int main(int argc, char** argv) {
   // Load every kernel module when the context is made, not at a kernel's first launch (CUDA's default
   // since 12.2): the leak test compares the device's free memory after 100 and after 10,000 requests, and
@@ -21,5 +23,7 @@ int main(int argc, char** argv) {
     std::puts("no CUDA device: [cuda] tests skipped");
     return 77;
   }
+  // The engine tests' CPU reference (rounding_noise.hpp) is most of the suite's time: say what it runs on.
+  if (!listing) std::printf("CPU reference: %s\n", infer::kernels::cpu::blas_info().c_str());
   return Catch::Session().run(argc, argv);
 }

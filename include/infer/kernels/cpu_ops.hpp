@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include <span>
+#include <string>
 
 #include "infer/core/dtype.hpp"
 #include "infer/model/model_config.hpp"
@@ -24,6 +25,12 @@ namespace infer::kernels::cpu {
 /// y[rows][out] = x[rows][in] · w[out][in]ᵀ (a linear layer without bias). One row goes through
 /// sgemv, more through sgemm: OpenBLAS's sgemm with M = 1 is slower than its gemv on small shapes.
 void gemm_xwt(const float* x, const float* w, float* y, std::int64_t rows, std::int64_t out, std::int64_t in);
+
+/// Which BLAS the GEMMs run on, as OpenBLAS reports it: its build configuration, the kernel it picked
+/// for this CPU, and its thread count (e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64;
+/// core SkylakeX; 16 threads"). Printed by the programs that time the CPU path, so a slow run can be told apart
+/// from a BLAS that fell back to a generic kernel or to one thread.
+std::string blas_info();
 
 /// y[r] = x[r] / sqrt(mean(x[r]²) + eps) * weight, for each of `rows` rows of `dim` values.
 /// The mean is accumulated in double so long rows do not lose the small terms. y may equal x.

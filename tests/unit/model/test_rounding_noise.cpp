@@ -6,13 +6,17 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <thread>
 
 #include "infer/engine/presets.hpp"
+#include "infer/kernels/cpu_ops.hpp"
 #include "infer/model/dummy.hpp"
 #include "infer/testing/tiny_model.hpp"
+#include "support/fixtures.hpp"
 #include "support/greedy_workload.hpp"
 #include "support/rounding_noise.hpp"
 #include "support/test_seed.hpp"
@@ -182,4 +186,27 @@ TEST_CASE("measure: how often greedy steps of dummy models are near-ties under t
     std::printf("%s (%lld layers): %s\n", config.architecture.c_str(), static_cast<long long>(config.num_layers),
                 r.summary().c_str());
   }
+}
+
+// Not a check of its own: the time of the [cuda] engine tests' CPU reference, which is most of the
+// [cuda] suite's time (run with "[.bench]"; OPENBLAS_NUM_THREADS varies the GEMMs' threads). HF's greedy
+// tokens for the nine SmolLM2 prompts, replayed as an engine's outputs: they are the CPU reference's own
+// choices (test_engine_reference), so every one must pass.
+TEST_CASE("bench: replay_greedy of nine SmolLM2 prompts (the [cuda] tests' CPU reference)", "[.bench][noise]") {
+  const auto ref = read_json("smollm2/generate_reference.json");
+  const std::size_t tokens = 16;
+  std::vector<GreedyOutput> outputs;
+  for (const auto& c : ref["cases"]) {
+    Tokens greedy = c["greedy_ids"].get<Tokens>();
+    greedy.resize(std::min(greedy.size(), tokens));
+    outputs.push_back({c["prompt_ids"].get<Tokens>(), greedy, {}});
+  }
+  const ModelSource src = ModelSource::open(default_model());
+  const auto start = std::chrono::steady_clock::now();
+  const ReplayReport r = replay_greedy(src, outputs, 1);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("replay of %zu prompts x %zu tokens: %.2f s on %u hardware threads; %s\n  %s\n", outputs.size(), tokens,
+              seconds, std::thread::hardware_concurrency(), kernels::cpu::blas_info().c_str(), r.summary().c_str());
+  for (const auto& f : r.failures) UNSCOPED_INFO(f);
+  CHECK(r.ok());
 }
