@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -133,61 +134,149 @@ struct ReplayReport {
   std::size_t ties_taken = 0;        ///< steps where the output chose another token of such a tie
   std::size_t logprobs_checked = 0;  ///< logprob values compared
   double worst_logprob = 0;          ///< largest |Δlogprob| / its bound
+  std::size_t reused = 0;            ///< requests whose reference steps an earlier replay computed (ReferenceMemo)
   std::vector<std::string> failures;  ///< the first few violations, readable
 
   [[nodiscard]] bool ok() const { return failures.empty(); }
   [[nodiscard]] std::string summary() const {
     return detail::cat(steps, " tokens checked, ", reference_ties, " at reference near-ties (", ties_taken,
                        " took the other token), ", logprobs_checked, " logprobs within bound (worst at ",
-                       worst_logprob, " of it)");
+                       worst_logprob, " of it)", reused > 0 ? detail::cat("; ", reused, " requests' reference reused") : "");
   }
 };
 
-/// Replays greedy outputs through the CPU reference, teacher-forced: each request's prompt, then its own
-/// generated tokens one step at a time, all requests batched into one step sequence, with RoundingNoise's
-/// σ per logit. At every step the output's token must be the reference's argmax, or tie with it under the
-/// bound (z_argmax − z_token ≤ B_argmax + B_token); every logprob the output reports must equal the
-/// reference's within B_token + max_k B_k (a logprob is z − logsumexp(z), and logsumexp moves by at most
-/// the largest shift of any logit). Because the reference follows the output's own tokens, a divergence
-/// at a near-tie does not end the comparison: every generated token is checked.
-inline ReplayReport replay_greedy(const ModelSource& src, const std::vector<GreedyOutput>& outputs,
-                                  std::uint64_t seed) {
-  constexpr std::int32_t bs = 16;
-  ReplayReport rep;
-  const auto V = static_cast<std::size_t>(src.config().vocab_size);
-  std::vector<std::vector<std::int32_t>> tables(outputs.size());
-  std::int32_t blocks = 0;
+/// The CPU reference's view of one request, teacher-forced on its own tokens: at step s (the prompt, then
+/// tokens[s - 1]) the exact logits z[s] and RoundingNoise's σ[s] (as float: a bound needs no more).
+struct ReferenceSteps {
+  std::vector<std::int32_t> prompt, tokens;  ///< what was fed: step s follows prompt + tokens[0..s)
+  std::vector<std::vector<float>> z, sigma;  ///< [steps][vocab]
+
+  /// Whether steps [0, n) of `prompt` followed by `fed` are here (fed[0..n-1) are what those steps read).
+  [[nodiscard]] bool covers(std::span<const std::int32_t> p, std::span<const std::int32_t> fed, std::size_t n) const {
+    return n <= z.size() && std::ranges::equal(p, prompt) && n >= 1 &&
+           std::equal(fed.begin(), fed.begin() + static_cast<std::ptrdiff_t>(n - 1), tokens.begin());
+  }
+};
+
+/// Reference steps already computed in this process, for models read from a file (the key is its path; a
+/// dummy model's label does not name its weights). The [cuda] engine tests replay the same nine SmolLM2
+/// prompts on the paged engine, the static engine and through infer::LLM; where an engine generated the
+/// same tokens as an earlier one, its steps are the same teacher-forced computation, so they are computed
+/// once (the σ then comes from the first replay's seed: an estimate as good as any other seed's). This
+/// was three quarters of the [cuda] suite's time on the H200 machine.
+class ReferenceMemo {
+ public:
+  using Steps = std::shared_ptr<const ReferenceSteps>;
+  static ReferenceMemo& instance() {
+    static ReferenceMemo memo;
+    return memo;
+  }
+  [[nodiscard]] Steps find(const std::string& model, std::span<const std::int32_t> prompt,
+                           std::span<const std::int32_t> tokens) const {
+    for (const auto& [m, r] : entries_)
+      if (m == model && r->covers(prompt, tokens, tokens.size())) {
+        ++hits_;
+        return r;
+      }
+    return nullptr;
+  }
+  /// Requests served from the memo so far (the [cuda] logs print it; a test checks a hit happens).
+  [[nodiscard]] std::size_t hits() const noexcept { return hits_; }
+  /// Keeps `r` for later replays, unless that would take the memo past kMaxBytes.
+  void keep(const std::string& model, Steps r) {
+    const std::size_t size = r->z.empty() ? 0 : 2 * r->z.size() * r->z.front().size() * sizeof(float);
+    if (bytes_ + size > kMaxBytes) return;
+    bytes_ += size;
+    entries_.emplace_back(model, std::move(r));
+  }
+
+ private:
+  static constexpr std::size_t kMaxBytes = std::size_t{4} << 30;
+  std::size_t bytes_ = 0;
+  mutable std::size_t hits_ = 0;
+  std::vector<std::pair<std::string, Steps>> entries_;
+};
+
+/// Runs `outputs` (every request not already in the memo) through the CPU reference, teacher-forced: each
+/// request's prompt, then its own generated tokens one step at a time, all requests batched into one step
+/// sequence, with RoundingNoise's σ per logit. Returns each output's steps.
+inline std::vector<ReferenceMemo::Steps> reference_steps(const ModelSource& src, const std::vector<GreedyOutput>& outputs,
+                                                         std::uint64_t seed) {
+  const std::string model = src.path().empty() ? std::string() : src.path().string();
+  std::vector<ReferenceMemo::Steps> found(outputs.size());
+  std::vector<std::size_t> todo;
   for (std::size_t i = 0; i < outputs.size(); ++i) {
-    const auto len = static_cast<std::int32_t>(outputs[i].prompt.size() + outputs[i].tokens.size());
-    for (std::int32_t b = 0; b < (len + bs - 1) / bs; ++b) tables[i].push_back(blocks++);
+    if (!model.empty()) found[i] = ReferenceMemo::instance().find(model, outputs[i].prompt, outputs[i].tokens);
+    if (found[i] == nullptr && !outputs[i].tokens.empty()) todo.push_back(i);
+  }
+  if (todo.empty()) return found;
+  constexpr std::int32_t bs = 16;
+  const auto V = static_cast<std::size_t>(src.config().vocab_size);
+  std::vector<ReferenceSteps> computed(todo.size());
+  std::vector<std::vector<std::int32_t>> tables(todo.size());
+  std::int32_t blocks = 0;
+  for (std::size_t k = 0; k < todo.size(); ++k) {
+    const GreedyOutput& o = outputs[todo[k]];
+    computed[k].prompt = o.prompt;
+    computed[k].tokens = o.tokens;
+    const auto len = static_cast<std::int32_t>(o.prompt.size() + o.tokens.size());
+    for (std::int32_t b = 0; b < (len + bs - 1) / bs; ++b) tables[k].push_back(blocks++);
   }
   RoundingNoise noise(src, std::max(blocks, 1), bs, seed);
-  auto fail = [&](std::string message) {
-    if (rep.failures.size() < 8) rep.failures.push_back(std::move(message));
-  };
-  std::vector<std::int32_t> one(outputs.size());
+  std::vector<std::int32_t> one(todo.size());
   for (std::size_t s = 0;; ++s) {
     std::vector<ForwardChunk> chunks;
     std::vector<std::size_t> who;
-    for (std::size_t i = 0; i < outputs.size(); ++i) {
-      const GreedyOutput& o = outputs[i];
+    for (std::size_t k = 0; k < todo.size(); ++k) {
+      const GreedyOutput& o = outputs[todo[k]];
       if (o.tokens.size() <= s) continue;
       if (s == 0) {
-        chunks.push_back(ForwardChunk{o.prompt, 0, tables[i], true});
+        chunks.push_back(ForwardChunk{o.prompt, 0, tables[k], true});
       } else {
-        one[i] = o.tokens[s - 1];
-        chunks.push_back(ForwardChunk{std::span(&one[i], 1), static_cast<std::int32_t>(o.prompt.size() + s - 1),
-                                      tables[i], true});
+        one[k] = o.tokens[s - 1];
+        chunks.push_back(ForwardChunk{std::span(&one[k], 1), static_cast<std::int32_t>(o.prompt.size() + s - 1),
+                                      tables[k], true});
       }
-      who.push_back(i);
+      who.push_back(k);
     }
     if (chunks.empty()) break;
     const std::vector<double>& sigma = noise.step(chunks);
     const std::vector<float>& z = noise.exact();
     for (std::size_t r = 0; r < who.size(); ++r) {
-      const GreedyOutput& o = outputs[who[r]];
-      const float* zr = z.data() + r * V;
-      const double* sr = sigma.data() + r * V;
+      ReferenceSteps& c = computed[who[r]];
+      c.z.emplace_back(z.begin() + static_cast<std::ptrdiff_t>(r * V), z.begin() + static_cast<std::ptrdiff_t>((r + 1) * V));
+      c.sigma.emplace_back(sigma.begin() + static_cast<std::ptrdiff_t>(r * V),
+                           sigma.begin() + static_cast<std::ptrdiff_t>((r + 1) * V));
+    }
+  }
+  for (std::size_t k = 0; k < todo.size(); ++k) {
+    found[todo[k]] = std::make_shared<const ReferenceSteps>(std::move(computed[k]));
+    if (!model.empty()) ReferenceMemo::instance().keep(model, found[todo[k]]);
+  }
+  return found;
+}
+
+/// Replays greedy outputs through the CPU reference (reference_steps) and checks them step by step. At
+/// every step the output's token must be the reference's argmax, or tie with it under the bound
+/// (z_argmax − z_token ≤ B_argmax + B_token); every logprob the output reports must equal the reference's
+/// within B_token + max_k B_k (a logprob is z − logsumexp(z), and logsumexp moves by at most the largest
+/// shift of any logit). Because the reference follows the output's own tokens, a divergence at a near-tie
+/// does not end the comparison: every generated token is checked.
+inline ReplayReport replay_greedy(const ModelSource& src, const std::vector<GreedyOutput>& outputs,
+                                  std::uint64_t seed) {
+  ReplayReport rep;
+  const auto V = static_cast<std::size_t>(src.config().vocab_size);
+  const std::size_t hits = ReferenceMemo::instance().hits();
+  const std::vector<ReferenceMemo::Steps> reference = reference_steps(src, outputs, seed);
+  rep.reused = ReferenceMemo::instance().hits() - hits;
+  auto fail = [&](std::string message) {
+    if (rep.failures.size() < 8) rep.failures.push_back(std::move(message));
+  };
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const GreedyOutput& o = outputs[i];
+    for (std::size_t s = 0; s < o.tokens.size(); ++s) {
+      const float* zr = reference[i]->z[s].data();
+      const float* sr = reference[i]->sigma[s].data();
       const auto bound = [&](std::size_t j) { return noise_bound(zr[j], sr[j]); };
       std::size_t a = 0, second = V;
       for (std::size_t j = 1; j < V; ++j)
@@ -198,7 +287,7 @@ inline ReplayReport replay_greedy(const ModelSource& src, const std::vector<Gree
       rep.reference_ties += tie;
       ++rep.steps;
       const auto g = static_cast<std::size_t>(o.tokens[s]);
-      const std::string where = detail::cat("request ", who[r], ", token ", s);
+      const std::string where = detail::cat("request ", i, ", token ", s);
       if (g >= V) {
         fail(detail::cat(where, ": token id ", g, " is outside the vocabulary"));
         continue;

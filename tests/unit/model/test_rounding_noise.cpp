@@ -170,6 +170,39 @@ TEST_CASE("replay_greedy accepts an emulated-bf16 engine's greedy outputs and ca
   }
 }
 
+TEST_CASE("replay_greedy computes a file model's request once per process, and a reused reference still catches "
+          "a wrong token", "[model][noise]") {
+  const ModelSource src = ModelSource::open(fixture("tiny_llama"));
+  std::mt19937 rng(test_seed("reference memo"));
+  std::vector<Tokens> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(random_tokens(std::uniform_int_distribution<std::size_t>(1, 20)(rng), 256, rng));
+  PagedEngine<cpu, 16> engine(ModelSource::open(fixture("tiny_llama")), EngineOptions{});
+  std::vector<GreedyOutput> outputs;
+  const std::vector<Tokens> done = run_batch(engine, prompts, greedy_params(12));
+  for (std::size_t i = 0; i < done.size(); ++i) outputs.push_back({prompts[i], done[i], {}});
+  const std::size_t hits = ReferenceMemo::instance().hits();
+  const ReplayReport first = replay_greedy(src, outputs, 5);
+  CHECK(first.ok());
+  CHECK(ReferenceMemo::instance().hits() == hits);  // a tokens sequence not seen before in this process
+  const ReplayReport again = replay_greedy(src, outputs, 6);
+  CHECK(ReferenceMemo::instance().hits() == hits + outputs.size());
+  CHECK(again.steps == first.steps);
+  CHECK(again.reference_ties == first.reference_ties);
+  CHECK(again.reused == outputs.size());
+  // A shorter run of the same tokens is covered, and a wrong last token (the reference's least likely one
+  // there) is caught in the reused steps.
+  std::vector<GreedyOutput> wrong = outputs;
+  wrong[1].tokens.resize(7);
+  const ReferenceMemo::Steps steps = ReferenceMemo::instance().find(src.path().string(), wrong[1].prompt, wrong[1].tokens);
+  REQUIRE(steps != nullptr);
+  const std::vector<float>& z6 = steps->z[6];
+  wrong[1].tokens[6] = static_cast<std::int32_t>(std::min_element(z6.begin(), z6.end()) - z6.begin());
+  const ReplayReport bad = replay_greedy(src, wrong, 7);
+  CHECK(ReferenceMemo::instance().hits() == hits + 2 * outputs.size() + 1);
+  REQUIRE(bad.failures.size() == 1);
+  CHECK_THAT(bad.failures.front(), Catch::Contains("request 1, token 6") && Catch::Contains("beyond the bound"));
+}
+
 // Not a check: the measurement behind tests/README.md's table of near-ties (run with "[.measure]").
 TEST_CASE("measure: how often greedy steps of dummy models are near-ties under the bound", "[.measure]") {
   for (const ModelConfig& config : {small_llama(), small_qwen2(), dummy_preset("smollm2-135m")}) {
