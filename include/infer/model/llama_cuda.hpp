@@ -14,21 +14,19 @@
 /// lengths) into pinned memory and one copy of it; no allocation and no synchronization until the
 /// results are read. Decode-only steps replay a CUDA graph captured at `prepare()` for the next larger
 /// batch bucket (up to 256) or for max_num_seqs when that pads at most an eighth of it (padding rows write
-/// nothing and attend to nothing); other steps run eagerly. q/k/v and gate/up are each stored stacked (one weight) when the Quantizer can
-/// (`load_stacked`), else run as separate GEMMs copied into place.
+/// nothing and attend to nothing); other steps run eagerly. q/k/v and gate/up are each stored stacked (one
+/// weight) when the Quantizer can (`load_stacked`), else run as separate GEMMs copied into place.
 ///
-/// Weights live in one arena sized by a measuring pass over the same loading code. Not thread-safe.
+/// The file's parts: the weights (one device arena) in llama_cuda_weights.hpp, the step's metadata
+/// packing in step_metadata_cuda.hpp, the choice and capture of decode graphs in decode_graphs_cuda.hpp;
+/// here the buffers, the step (graph or eager) and the computation. Not thread-safe.
 
 #if defined(INFER_HAVE_CUDA)
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -37,7 +35,6 @@
 
 #include "infer/attention/device_batch.hpp"
 #include "infer/backend/cuda_runtime.hpp"
-#include "infer/backend/weight_store.hpp"
 #include "infer/concepts.hpp"
 #include "infer/core/backend.hpp"
 #include "infer/core/error.hpp"
@@ -46,11 +43,14 @@
 #include "infer/kernels/cuda/gemm.hpp"
 #include "infer/kernels/cuda/ops.hpp"
 #include "infer/kernels/cuda/sampling.hpp"
+#include "infer/model/decode_graphs_cuda.hpp"
 #include "infer/model/forward_batch.hpp"
 #include "infer/model/forward_check.hpp"
 #include "infer/model/kv_cache.hpp"
+#include "infer/model/llama_cuda_weights.hpp"
 #include "infer/model/model_config.hpp"
 #include "infer/model/model_source.hpp"
+#include "infer/model/step_metadata_cuda.hpp"
 #include "infer/sampling/device_sampler.hpp"
 
 namespace infer {
@@ -69,23 +69,11 @@ struct ModelLoadTimes {
 template <class Q, class Attn>
   requires Quantizer<Q, cuda> && AttentionKernel<Attn, cuda>
 class LlamaModel<cuda, Q, Attn> {
-  using linear = typename Q::template linear<cuda>;
+  using Weights = LlamaCudaWeights<Q>;
+  using linear = typename Weights::linear;
+  using Projection = typename Weights::Projection;
+  using Layer = typename Weights::Layer;
   using bf16 = std::uint16_t;
-  using Graph = backend::cuda::Graph;
-
-  /// A projection of several stacked outputs (qkv, gate_up): one weight when Q can stack them, else the
-  /// parts, whose outputs are copied side by side.
-  struct Projection {
-    std::vector<linear> parts;
-    std::int64_t out = 0;
-  };
-  struct Layer {
-    const float* attn_norm = nullptr;
-    const float* ffn_norm = nullptr;
-    const float* qkv_bias = nullptr;  ///< [q_size + 2 kv_size], Qwen2 only
-    Projection qkv, gate_up;
-    linear o, down;
-  };
 
  public:
   /// Loads every weight into one device arena. Errors as ModelSource / the Quantizer, naming the tensor;
@@ -121,28 +109,20 @@ class LlamaModel<cuda, Q, Attn> {
     const auto t0 = std::chrono::steady_clock::now();
     const std::int32_t width = (max_model_len + cache.block_size() - 1) / cache.block_size();
     grow(cap_tokens_, cap_seqs_, width);
-    graphs_.clear();
-    graph_sizes_.clear();
-    for (std::int32_t b : kBuckets) {
-      if (b > cap_seqs_ || b > cap_tokens_) break;
-      graph_sizes_.push_back(b);
-    }
-    // The largest bucket may fall short of max_num_seqs: capture it exactly too.
-    if (cap_seqs_ <= cap_tokens_ && (graph_sizes_.empty() || graph_sizes_.back() != cap_seqs_))
-      graph_sizes_.push_back(cap_seqs_);
+    graphs_.plan(cap_seqs_, cap_tokens_);
     prepared_cache_ = &cache;
     if (cuda_graphs) {
       // Largest first: each capture's warm-up step is where the GEMMs of its M are tuned (GemmTuning::
       // measured, once per power-of-two bucket of M), so a bucket is tuned at its largest captured size.
-      for (auto it = graph_sizes_.rbegin(); it != graph_sizes_.rend(); ++it) capture(cache, *it);
+      for (auto it = graphs_.sizes().rbegin(); it != graphs_.sizes().rend(); ++it) capture(cache, *it);
     }
     // Eager decode steps past the last bucket: tune their GEMM buckets now, not during the first
     // requests (a padded warm-up step at each power of two; max_num_seqs' capture warmed its own size).
-    for (std::int32_t b = 2 * kBuckets.back();
+    for (std::int32_t b = 2 * DecodeGraphs::kBuckets.back();
          b <= cap_seqs_ && b <= cap_tokens_ && b <= kernels::cuda::Gemm::kTunedMaxRows; b *= 2)
-      if (!graphs_.contains(b)) warm_up(cache, b);
+      if (graphs_.find(b) == nullptr) warm_up(cache, b);
     stream_.synchronize();
-    times_.graphs = graphs_.size();
+    times_.graphs = graphs_.captured();
     times_.graphs_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
@@ -207,7 +187,7 @@ class LlamaModel<cuda, Q, Attn> {
   void set_eager_padding(bool on) noexcept { eager_padding_ = on; }
 
   [[nodiscard]] std::size_t weight_bytes() const noexcept { return times_.weight_bytes; }
-  [[nodiscard]] std::size_t num_graphs() const noexcept { return graphs_.size(); }
+  [[nodiscard]] std::size_t num_graphs() const noexcept { return graphs_.captured(); }
   /// Steps run by graph replay / eagerly so far.
   [[nodiscard]] std::int64_t graph_steps() const noexcept { return graph_steps_; }
   [[nodiscard]] std::int64_t eager_steps() const noexcept { return eager_steps_; }
@@ -215,170 +195,26 @@ class LlamaModel<cuda, Q, Attn> {
   [[nodiscard]] std::int64_t device_sampled_rows() const noexcept { return device_sampled_rows_; }
 
  private:
-  /// Decode batch sizes with a captured graph (a step of n sequences replays the smallest bucket >= n),
-  /// and max_num_seqs itself. Small steps are bound by reading the weights, so a few padding rows cost
-  /// nothing; past the last bucket a step is compute-bound and replays max_num_seqs' graph only when
-  /// the padding is at most kMaxPaddingShare of it (else it runs eagerly at its own size).
-  static constexpr std::array<std::int32_t, 16> kBuckets{1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
-  static constexpr std::int32_t kMaxPaddingShare = 8;  ///< 1/8
-
-  explicit LlamaModel(const ModelSource& src) : config_(src.config()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    // The attention kernels are built for these widths; refuse before any weight reaches the device.
-    if (config_.head_dim != 64 && config_.head_dim != 128)
-      throw UnsupportedError(detail::cat(src.describe(), ": head_dim ", config_.head_dim,
-                                         " is not supported by the CUDA attention kernels (64 or 128); use the CPU backend"));
-    CudaWeightStore measuring;
-    load_weights(src, measuring);  // sizes only
-    CudaWeightStore store(measuring.measured_bytes(), stream_.handle());
-    load_weights(src, store);
-    store.finish();
-    arena_ = store.release_arena();
+  explicit LlamaModel(const ModelSource& src)
+      : config_(src.config()), load_start_(std::chrono::steady_clock::now()), weights_(load_checked(src, stream_)) {
     std::vector<float> inv = rope_inv_freq(config_);
     inv_freq_ = backend::cuda::DeviceBuffer(inv.size() * sizeof(float));
     inv_freq_.upload(std::span<const float>(inv));
-    times_.weight_bytes = arena_.used();
-    times_.weights_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    times_.weight_bytes = weights_.bytes();
+    times_.weights_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start_).count();
   }
 
-  // ---- loading ---------------------------------------------------------------------------------------
-  static constexpr bool kStacks = requires(std::span<const WeightTensor> parts, CudaWeightStore& s) {
-    { Q::template load_stacked<cuda>(parts, s) } -> std::same_as<linear>;
-  };
-
-  static void check_shape(const ModelSource& src, const WeightTensor& t, std::int64_t out, std::int64_t in) {
-    const bool ok = in == 0 ? (t.shape.size() == 1 && t.shape[0] == static_cast<std::uint64_t>(out))
-                            : (t.shape.size() == 2 && t.shape[0] == static_cast<std::uint64_t>(out) &&
-                               t.shape[1] == static_cast<std::uint64_t>(in));
-    if (!ok)
-      throw FormatError(detail::cat(src.describe(), ": tensor '", t.name, "' has shape ", shape_text(t.shape),
-                                    ", expected ", in == 0 ? detail::cat("[", out, "]") : detail::cat("[", out, ", ", in, "]"),
-                                    " from the model config"));
-  }
-  static std::string shape_text(const std::vector<std::uint64_t>& s) {
-    std::string r = "[";
-    for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-    return r + "]";
-  }
-
-  Projection load_projection(const ModelSource& src, std::span<const WeightTensor> parts, CudaWeightStore& store) {
-    Projection p;
-    for (const auto& t : parts) p.out += static_cast<std::int64_t>(t.shape[0]);
-    if constexpr (kStacks) {
-      p.parts.push_back(Q::template load_stacked<cuda>(parts, store));
-    } else {
-      for (const auto& t : parts) p.parts.push_back(Q::template load<cuda>(t, store));
-      split_out_ = std::max(split_out_, p.out);
-    }
-    for (const auto& w : p.parts) note_scratch(w);
-    (void)src;
-    return p;
-  }
-  linear load_linear(const ModelSource& src, const WeightTensor& t, std::int64_t out, std::int64_t in,
-                     CudaWeightStore& store) {
-    check_shape(src, t, out, in);
-    linear w = Q::template load<cuda>(t, store);
-    note_scratch(w);
-    return w;
-  }
-  void note_scratch(const linear& w) {
-    if constexpr (requires { w.scratch_elems(); }) scratch_elems_ = std::max(scratch_elems_, w.scratch_elems());
-  }
-  /// A bf16 [rows][cols] matrix (embedding, LM head) — always bf16: a gather reads rows, and the LM
-  /// head's f32 logits need the bf16 GEMM with f32 output.
-  const bf16* load_bf16_matrix(const ModelSource& src, const WeightTensor& t, std::int64_t rows, std::int64_t cols,
-                               CudaWeightStore& store) {
-    check_shape(src, t, rows, cols);
-    auto* p = static_cast<bf16*>(store.allocate(static_cast<std::size_t>(rows * cols) * sizeof(bf16)));
-    if (p) store.store_bf16(p, t);
-    return p;
-  }
-  const float* load_f32_vectors(const ModelSource& src, std::span<const WeightTensor> parts,
-                                std::span<const std::int64_t> sizes, CudaWeightStore& store) {
-    std::int64_t total = 0;
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      check_shape(src, parts[i], sizes[i], 0);
-      total += sizes[i];
-    }
-    auto* p = static_cast<float*>(store.allocate(static_cast<std::size_t>(total) * sizeof(float)));
-    float* at = p;
-    for (std::size_t i = 0; i < parts.size(); ++i)
-      if (p) {
-        store.store_f32(at, parts[i]);
-        at += sizes[i];
-      }
-    return p;
-  }
-
-  void load_weights(const ModelSource& src, CudaWeightStore& store) {
-    using detail::cat;
-    const ModelConfig& c = config_;
-    const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, qs = c.q_size(), kvs = c.kv_size();
-    split_out_ = 0;
-    scratch_elems_ = 0;
-    layers_.clear();
-    const WeightTensor embd = src.get("token_embd");
-    embedding_ = load_bf16_matrix(src, embd, V, H, store);
-    lm_head_ = c.tie_word_embeddings ? embedding_ : load_bf16_matrix(src, src.get("output"), V, H, store);
-    {
-      const WeightTensor n = src.get("output_norm");
-      const std::array<std::int64_t, 1> sz{H};
-      output_norm_ = load_f32_vectors(src, std::span(&n, 1), sz, store);
-    }
-    layers_.reserve(static_cast<std::size_t>(c.num_layers));
-    for (std::int64_t i = 0; i < c.num_layers; ++i) {
-      const auto role = [&](const char* name) { return cat("blk.", i, ".", name); };
-      Layer L;
-      const std::array<std::int64_t, 1> hsz{H};
-      const WeightTensor an = src.get(role("attn_norm")), fn = src.get(role("ffn_norm"));
-      L.attn_norm = load_f32_vectors(src, std::span(&an, 1), hsz, store);
-      L.ffn_norm = load_f32_vectors(src, std::span(&fn, 1), hsz, store);
-      const std::array<WeightTensor, 3> qkv{src.get(role("attn_q")), src.get(role("attn_k")), src.get(role("attn_v"))};
-      check_shape(src, qkv[0], qs, H);
-      check_shape(src, qkv[1], kvs, H);
-      check_shape(src, qkv[2], kvs, H);
-      L.qkv = load_projection(src, qkv, store);
-      if (c.attention_bias) {
-        const std::array<WeightTensor, 3> b{src.get(role("attn_q.bias")), src.get(role("attn_k.bias")),
-                                            src.get(role("attn_v.bias"))};
-        const std::array<std::int64_t, 3> sz{qs, kvs, kvs};
-        L.qkv_bias = load_f32_vectors(src, b, sz, store);
-      }
-      L.o = load_linear(src, src.get(role("attn_output")), H, qs, store);
-      const std::array<WeightTensor, 2> gu{src.get(role("ffn_gate")), src.get(role("ffn_up"))};
-      check_shape(src, gu[0], I, H);
-      check_shape(src, gu[1], I, H);
-      L.gate_up = load_projection(src, gu, store);
-      L.down = load_linear(src, src.get(role("ffn_down")), H, I, store);
-      layers_.push_back(std::move(L));
-    }
+  /// The weights, once the config's head_dim is one the attention kernels are built for: refused before
+  /// any weight reaches the device.
+  static Weights load_checked(const ModelSource& src, const backend::cuda::Stream& stream) {
+    const ModelConfig& c = src.config();
+    if (c.head_dim != 64 && c.head_dim != 128)
+      throw UnsupportedError(detail::cat(src.describe(), ": head_dim ", c.head_dim,
+                                         " is not supported by the CUDA attention kernels (64 or 128); use the CPU backend"));
+    return Weights(src, stream.handle());
   }
 
   // ---- buffers ---------------------------------------------------------------------------------------
-  /// Where the step's metadata lies in the pinned staging buffer and in its device copy: one layout
-  /// for a step of T tokens, C chunks (tables of `width` entries) and S sampled rows.
-  struct MetaLayout {
-    std::size_t ids = 0, pos = 0, slots = 0, tables = 0, lens = 0, indptr = 0, starts = 0, samples = 0, bytes = 0;
-    MetaLayout(std::int64_t T, std::int64_t C, std::int64_t width, std::int64_t S) {
-      std::size_t at = 0;
-      auto take = [&](std::size_t n, std::size_t elem) {
-        at = (at + 7) / 8 * 8;
-        const std::size_t r = at;
-        at += n * elem;
-        return r;
-      };
-      slots = take(static_cast<std::size_t>(T), 8);
-      ids = take(static_cast<std::size_t>(T), 4);
-      pos = take(static_cast<std::size_t>(T), 4);
-      tables = take(static_cast<std::size_t>(C * width), 4);
-      lens = take(static_cast<std::size_t>(C), 4);
-      indptr = take(static_cast<std::size_t>(C + 1), 4);
-      starts = take(static_cast<std::size_t>(C), 4);
-      samples = take(static_cast<std::size_t>(S), 4);
-      bytes = at;
-    }
-  };
-
   /// Grows every step buffer to hold T tokens, S sequences and tables of `width` (never shrinks).
   /// Growing drops the captured graphs (they point at the old buffers).
   void grow(std::int32_t T, std::int32_t S, std::int32_t width) {
@@ -386,7 +222,7 @@ class LlamaModel<cuda, Q, Attn> {
     S = std::max(S, cap_seqs_);
     width = std::max(width, cap_width_);
     if (T == cap_tokens_ && S == cap_seqs_ && width == cap_width_) return;
-    graphs_.clear();
+    graphs_.drop();
     const ModelConfig& c = config_;
     const auto n = [&](std::int64_t rows, std::int64_t cols, std::size_t elem) {
       return static_cast<std::size_t>(rows * cols) * elem;
@@ -400,15 +236,16 @@ class LlamaModel<cuda, Q, Attn> {
     o_ = backend::cuda::DeviceBuffer(n(T, H, 2));
     gu_ = backend::cuda::DeviceBuffer(n(T, 2 * I, 2));
     act_ = backend::cuda::DeviceBuffer(n(T, I, 2));
-    if (split_out_ > 0) split_ = backend::cuda::DeviceBuffer(n(T, split_out_, 2));
+    if (weights_.split_out() > 0) split_ = backend::cuda::DeviceBuffer(n(T, weights_.split_out(), 2));
     last_ = backend::cuda::DeviceBuffer(n(S, H, 4));
     lastn_ = backend::cuda::DeviceBuffer(n(S, H, 2));
     logits_ = backend::cuda::DeviceBuffer(n(S, c.vocab_size, 4));
     ids_ = backend::cuda::DeviceBuffer(n(S, 1, 4));
     sampler_.reserve(S, static_cast<int>(c.vocab_size));
-    if (T > kernels::cuda::kGemvMaxRows && scratch_elems_ > 0 && scratch_.size() < scratch_elems_ * 2)
-      scratch_ = backend::cuda::DeviceBuffer(scratch_elems_ * 2);
-    const MetaLayout m(T, S, width, S);
+    const std::size_t scratch_elems = weights_.scratch_elems();
+    if (T > kernels::cuda::kGemvMaxRows && scratch_elems > 0 && scratch_.size() < scratch_elems * 2)
+      scratch_ = backend::cuda::DeviceBuffer(scratch_elems * 2);
+    const StepMetadataLayout m(T, S, width, S);
     meta_ = backend::cuda::DeviceBuffer(m.bytes);
     pinned_ = backend::cuda::PinnedBuffer(m.bytes);
     // The decode kernel's split count grows as the batch shrinks: size for the worst batch size.
@@ -446,12 +283,6 @@ class LlamaModel<cuda, Q, Attn> {
   }
 
   // ---- one step --------------------------------------------------------------------------------------
-  /// The shape of a step as the kernels see it.
-  struct StepShape {
-    std::int32_t T = 0, C = 0, S = 0, width = 0, num_decode = 0, prefill_rows = 0;
-    bool identity_samples = false;  ///< every row samples (rows == sampled rows): no gather
-  };
-
   /// Validates, packs the metadata, runs the step (graph or eager); returns the number of logits rows.
   std::int32_t run(std::span<const ForwardChunk> chunks, KvCache<cuda>& cache) {
     const std::int64_t total = validate_step(config_, chunks, cache);
@@ -473,24 +304,18 @@ class LlamaModel<cuda, Q, Attn> {
     sh.prefill_rows = sh.T - sh.num_decode;
     // A graph serves a decode-only step whose every row samples, padded to its bucket; with eager padding
     // on and no graph, the same padded step runs eagerly.
-    const Graph* graph = nullptr;
     const std::int32_t bucket =
-        decode_only && all_sample && prepared_cache_ == &cache && width <= cap_width_ ? graph_bucket(sh.T) : 0;
-    if (bucket > 0) {
-      const auto it = graphs_.find(bucket);
-      if (it != graphs_.end()) graph = &it->second;
-    }
+        decode_only && all_sample && prepared_cache_ == &cache && width <= cap_width_ ? graphs_.bucket(sh.T) : 0;
+    const DecodeGraphs::Graph* graph = bucket > 0 ? graphs_.find(bucket) : nullptr;
     const bool padded = graph != nullptr || (bucket > 0 && eager_padding_);
     if (padded) {
-      sh.T = sh.C = sh.S = sh.num_decode = bucket;
-      sh.width = cap_width_;
-      sh.identity_samples = true;
+      sh = StepShape::padded_decode(bucket, cap_width_);
     } else {
       sh.width = width;
       sh.identity_samples = sh.S == sh.T;
       grow(sh.T, std::max(sh.C, sh.S), width);
     }
-    const MetaLayout m = pack(chunks, sh, bs);
+    const StepMetadataLayout m = pack_step_metadata(chunks, sh, bs, pinned_.data());
     if (step_timer_) step_timer_->start(stream_.handle());
     backend::cuda::check(cudaMemcpyAsync(meta_.data(), pinned_.data(), m.bytes, cudaMemcpyHostToDevice, stream()),
                          "LlamaModel<cuda>: copying the step's metadata");
@@ -508,97 +333,35 @@ class LlamaModel<cuda, Q, Attn> {
     return padded ? static_cast<std::int32_t>(chunks.size()) : sh.S;  // padding rows' logits are not read
   }
 
-  /// The captured batch size a decode step of `n` rows takes (the smallest one >= n, past the last bucket only
-  /// when padding is at most 1/kMaxPaddingShare of it), or 0 when it runs at its own size.
-  [[nodiscard]] std::int32_t graph_bucket(std::int32_t n) const {
-    const auto it = std::lower_bound(graph_sizes_.begin(), graph_sizes_.end(), n);
-    if (it == graph_sizes_.end()) return 0;
-    return *it <= kBuckets.back() || (*it - n) * kMaxPaddingShare <= *it ? *it : 0;
-  }
-
-  /// Writes the step's metadata into the pinned buffer; rows beyond the chunks (graph padding) get
-  /// token 0 at position 0, slot -1 (no cache write), length 0 (attends to nothing).
-  MetaLayout pack(std::span<const ForwardChunk> chunks, const StepShape& sh, std::int32_t bs) {
-    const MetaLayout m(sh.T, sh.C, sh.width, sh.S);
-    auto* base = static_cast<std::byte*>(pinned_.data());
-    auto* ids = reinterpret_cast<std::int32_t*>(base + m.ids);
-    auto* pos = reinterpret_cast<std::int32_t*>(base + m.pos);
-    auto* slots = reinterpret_cast<std::int64_t*>(base + m.slots);
-    auto* tables = reinterpret_cast<std::int32_t*>(base + m.tables);
-    auto* lens = reinterpret_cast<std::int32_t*>(base + m.lens);
-    auto* indptr = reinterpret_cast<std::int32_t*>(base + m.indptr);
-    auto* starts = reinterpret_cast<std::int32_t*>(base + m.starts);
-    auto* samples = reinterpret_cast<std::int32_t*>(base + m.samples);
-    std::int32_t row = 0, s = 0, prefill = 0;
-    indptr[0] = 0;
-    for (std::size_t ci = 0; ci < chunks.size(); ++ci) {
-      const ForwardChunk& c = chunks[ci];
-      const auto n = static_cast<std::int32_t>(c.tokens.size());
-      for (std::int32_t i = 0; i < n; ++i, ++row) {
-        const std::int32_t p = c.start + i;
-        ids[row] = c.tokens[static_cast<std::size_t>(i)];
-        pos[row] = p;
-        slots[row] = static_cast<std::int64_t>(c.block_table[static_cast<std::size_t>(p / bs)]) * bs + p % bs;
-      }
-      std::int32_t* t = tables + ci * static_cast<std::size_t>(sh.width);
-      const auto used = std::min<std::size_t>(c.block_table.size(), static_cast<std::size_t>(sh.width));
-      std::memcpy(t, c.block_table.data(), used * sizeof(std::int32_t));
-      std::fill(t + used, t + sh.width, 0);
-      if (static_cast<std::int32_t>(ci) < sh.num_decode) {
-        lens[ci] = c.start + 1;
-      } else {
-        // Prefill chunks are numbered from 0 in their own arrays (after the decode chunks' tables).
-        starts[prefill] = c.start;
-        indptr[prefill + 1] = indptr[prefill] + n;
-        prefill++;
-      }
-      if (c.samples) samples[s++] = row - 1;
-    }
-    for (; row < sh.T; ++row) {  // graph padding
-      ids[row] = 0;
-      pos[row] = 0;
-      slots[row] = -1;
-      samples[row] = row;
-    }
-    for (auto ci = static_cast<std::int32_t>(chunks.size()); ci < sh.C; ++ci) {
-      lens[ci] = 0;
-      std::fill(tables + ci * static_cast<std::size_t>(sh.width), tables + (ci + 1) * static_cast<std::size_t>(sh.width), 0);
-    }
-    return m;
-  }
-
   /// Enqueues the whole step on the stream (what a graph captures).
-  void compute(KvCache<cuda>& cache, const StepShape& sh, const MetaLayout& m) {
+  void compute(KvCache<cuda>& cache, const StepShape& sh, const StepMetadataLayout& m) {
     const ModelConfig& c = config_;
     void* s = stream_.handle();
     const std::int64_t T = sh.T, H = c.hidden_size, qs = c.q_size(), kvs = c.kv_size(), I = c.intermediate_size;
     const std::int64_t qkvw = qs + 2 * kvs;
     const float eps = c.rms_norm_eps;
-    auto* meta = static_cast<std::byte*>(meta_.data());
-    const auto* ids = reinterpret_cast<const std::int32_t*>(meta + m.ids);
-    const auto* pos = reinterpret_cast<const std::int32_t*>(meta + m.pos);
-    const auto* slots = reinterpret_cast<const std::int64_t*>(meta + m.slots);
-    const auto* tables = reinterpret_cast<const std::int32_t*>(meta + m.tables);
+    const StepMetadata meta = StepMetadata::at(meta_.data(), m);  // the device copy
     float* x = x_.as<float>();
     bf16 *xn = xn_.as<bf16>(), *qkv = qkv_.as<bf16>(), *q = q_.as<bf16>(), *att = att_.as<bf16>(), *o = o_.as<bf16>(),
          *gu = gu_.as<bf16>(), *act = act_.as<bf16>();
     CudaMatmulContext ctx{&gemm_, s, scratch_.as<bf16>(), scratch_.size() / 2};
     const auto rows = static_cast<std::int32_t>(T);
 
-    kernels::cuda::embedding(embedding_, ids, T, H, x, s);
+    kernels::cuda::embedding(weights_.embedding(), meta.ids, T, H, x, s);
     // Each residual add is fused into the norm that follows it: the MLP's output of layer l is added by
     // layer l + 1's first norm (or after the loop), the attention output by the MLP's norm.
     const bf16* pending = nullptr;
-    for (std::size_t l = 0; l < layers_.size(); ++l) {
-      const Layer& L = layers_[l];
+    const std::vector<Layer>& layers = weights_.layers();
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const Layer& L = layers[l];
       const auto layer = static_cast<std::int32_t>(l);
       if (pending) kernels::cuda::add_bf16_rmsnorm(x, pending, L.attn_norm, T, H, eps, xn, s);
       else kernels::cuda::add_rmsnorm(x, nullptr, L.attn_norm, T, H, eps, xn, s);
       project(ctx, L.qkv, xn, rows, qkv);
       if (L.qkv_bias) kernels::cuda::add_bias(qkv, L.qkv_bias, T, qkvw, s);
-      kernels::cuda::rope_write_kv(qkv, pos, inv_freq_.as<float>(), T, static_cast<int>(c.num_heads),
+      kernels::cuda::rope_write_kv(qkv, meta.pos, inv_freq_.as<float>(), T, static_cast<int>(c.num_heads),
                                    static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim),
-                                   c.rope_style == RopeStyle::neox ? 0 : 1, cache.k(layer), cache.v(layer), slots, s);
+                                   c.rope_style == RopeStyle::neox ? 0 : 1, cache.k(layer), cache.v(layer), meta.slots, s);
       DeviceAttentionBatch b = attention_batch(layer, &cache, sh.width);
       if (sh.prefill_rows > 0 || qkvw % 8 != 0) {
         // The prefill kernel reads q densely packed (the decode kernel, 16-byte aligned rows): take it out of the fused rows.
@@ -613,13 +376,13 @@ class LlamaModel<cuda, Q, Attn> {
       b.q = q;
       b.out = att;
       b.num_decode = sh.num_decode;
-      b.decode_tables = tables;
-      b.decode_lens = reinterpret_cast<const std::int32_t*>(meta + m.lens);
+      b.decode_tables = meta.tables;
+      b.decode_lens = meta.lens;
       b.num_prefill = sh.C - sh.num_decode;
       b.prefill_rows = sh.prefill_rows;
-      b.prefill_tables = tables + static_cast<std::size_t>(sh.num_decode) * static_cast<std::size_t>(sh.width);
-      b.prefill_indptr = reinterpret_cast<const std::int32_t*>(meta + m.indptr);
-      b.prefill_start = reinterpret_cast<const std::int32_t*>(meta + m.starts);
+      b.prefill_tables = meta.tables + static_cast<std::size_t>(sh.num_decode) * static_cast<std::size_t>(sh.width);
+      b.prefill_indptr = meta.indptr;
+      b.prefill_start = meta.starts;
       Attn::attend(cuda{}, b);
       Q::matmul(ctx, L.o, att, rows, o);
       kernels::cuda::add_bf16_rmsnorm(x, o, L.ffn_norm, T, H, eps, xn, s);
@@ -634,15 +397,16 @@ class LlamaModel<cuda, Q, Attn> {
     // Final norm and LM head on the sampled rows.
     const float* last = x;
     if (!sh.identity_samples) {
-      kernels::cuda::gather_rows(x, reinterpret_cast<const std::int32_t*>(meta + m.samples), sh.S, H, last_.as<float>(), s);
+      kernels::cuda::gather_rows(x, meta.samples, sh.S, H, last_.as<float>(), s);
       last = last_.as<float>();
     }
     if (sh.S == 0) return;
-    kernels::cuda::add_rmsnorm(const_cast<float*>(last), nullptr, output_norm_, sh.S, H, eps, lastn_.as<bf16>(), s);
-    if (sh.S <= kernels::cuda::kBf16GemvPreferredRows && kernels::cuda::bf16_gemv_supports(lm_head_, lastn_.data(), H))
-      kernels::cuda::bf16_gemv(lm_head_, lastn_.as<bf16>(), sh.S, c.vocab_size, H, logits_.as<float>(), s);
+    const bf16* head = weights_.lm_head();
+    kernels::cuda::add_rmsnorm(const_cast<float*>(last), nullptr, weights_.output_norm(), sh.S, H, eps, lastn_.as<bf16>(), s);
+    if (sh.S <= kernels::cuda::kBf16GemvPreferredRows && kernels::cuda::bf16_gemv_supports(head, lastn_.data(), H))
+      kernels::cuda::bf16_gemv(head, lastn_.as<bf16>(), sh.S, c.vocab_size, H, logits_.as<float>(), s);
     else
-      gemm_.run(lastn_.as<bf16>(), lm_head_, logits_.as<float>(), sh.S, c.vocab_size, H, 0.0f, s);
+      gemm_.run(lastn_.as<bf16>(), head, logits_.as<float>(), sh.S, c.vocab_size, H, 0.0f, s);
   }
 
   /// act = SwiGLU of the gate/up projection in one kernel, when the Quantizer has the optional hook
@@ -675,12 +439,10 @@ class LlamaModel<cuda, Q, Attn> {
 
   /// Runs a decode step of `b` padding rows (they write nothing and attend to nothing), so that cuBLASLt
   /// picks, tunes and caches its plans for these shapes now; returns the step's shape and layout.
-  std::pair<StepShape, MetaLayout> warm_up(KvCache<cuda>& cache, std::int32_t b) {
-    StepShape sh;
-    sh.T = sh.C = sh.S = sh.num_decode = b;
-    sh.width = cap_width_;
-    sh.identity_samples = true;
-    const MetaLayout m = pack({}, sh, cache.block_size());  // all padding: valid inputs for a warm-up
+  std::pair<StepShape, StepMetadataLayout> warm_up(KvCache<cuda>& cache, std::int32_t b) {
+    const StepShape sh = StepShape::padded_decode(b, cap_width_);
+    // All padding: valid inputs for a warm-up.
+    const StepMetadataLayout m = pack_step_metadata({}, sh, cache.block_size(), pinned_.data());
     backend::cuda::check(cudaMemcpyAsync(meta_.data(), pinned_.data(), m.bytes, cudaMemcpyHostToDevice, stream()),
                          "LlamaModel<cuda>: copying warm-up metadata");
     compute(cache, sh, m);
@@ -688,33 +450,23 @@ class LlamaModel<cuda, Q, Attn> {
     return {sh, m};
   }
 
-  /// Captures the decode step of `b` sequences. The capture's metadata layout is the one pack() makes
-  /// for a padded decode step of that bucket, so a replay needs only the metadata copy before it.
+  /// Captures the decode step of `b` sequences. The capture's metadata layout is the one
+  /// pack_step_metadata makes for a padded decode step of that bucket, so a replay needs only the
+  /// metadata copy before it.
   void capture(KvCache<cuda>& cache, std::int32_t b) {
     const auto [sh, m] = warm_up(cache, b);
-    Graph::begin_capture(stream_.handle());
-    try {
-      compute(cache, sh, m);
-    } catch (...) {
-      Graph::abort_capture(stream_.handle());
-      throw;
-    }
-    graphs_.emplace(b, Graph::end_capture(stream_.handle()));
+    graphs_.capture(b, stream_.handle(), [&] { compute(cache, sh, m); });
   }
 
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
 
+  // In this order: the weights load on stream_, and load_start_ times them.
   ModelConfig config_;
   backend::cuda::Stream stream_;
+  std::chrono::steady_clock::time_point load_start_;
+  Weights weights_;
   kernels::cuda::Gemm gemm_;
-  backend::cuda::DeviceArena arena_;
   backend::cuda::DeviceBuffer inv_freq_;
-  const bf16* embedding_ = nullptr;
-  const bf16* lm_head_ = nullptr;
-  const float* output_norm_ = nullptr;
-  std::vector<Layer> layers_;
-  std::int64_t split_out_ = 0;     ///< widest unstacked projection (0: every projection is stacked)
-  std::size_t scratch_elems_ = 0;  ///< largest GGUF weight dequantized for a GEMM
   ModelLoadTimes times_;
 
   std::int32_t cap_tokens_ = 0, cap_seqs_ = 0, cap_width_ = 0;
@@ -722,8 +474,7 @@ class LlamaModel<cuda, Q, Attn> {
       meta_, workspace_;
   backend::cuda::PinnedBuffer pinned_;
   DeviceSampler sampler_;
-  std::map<std::int32_t, Graph> graphs_;
-  std::vector<std::int32_t> graph_sizes_;  ///< decode batch sizes with a graph (or, eager, its padded shape)
+  DecodeGraphs graphs_;  ///< decode batch sizes with a graph (or, eager, its padded shape), and the graphs
   const KvCache<cuda>* prepared_cache_ = nullptr;
   bool eager_padding_ = false;
   std::int64_t graph_steps_ = 0, eager_steps_ = 0, device_sampled_rows_ = 0;

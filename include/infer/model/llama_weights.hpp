@@ -100,7 +100,7 @@ typename Q::template linear<B> load_linear(const ModelSource& src, const std::st
 
 /// Loads every weight of the decoder described by `src.config()` on the CPU. NotFoundError names a
 /// missing tensor, FormatError one of the wrong shape; InvalidArgument/UnsupportedError come from Q::load.
-/// (The GPU decoder has its own loader, model/llama_cuda.hpp: it stores fused projections in one arena.)
+/// (The GPU decoder has its own loader, model/llama_cuda_weights.hpp: it stores fused projections in one arena.)
 template <class Q, class B>
   requires Quantizer<Q, B> && std::same_as<B, cpu>
 LlamaWeights<Q, B> load_llama_weights(const ModelSource& src) {

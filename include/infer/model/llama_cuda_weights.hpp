@@ -1,0 +1,199 @@
+#pragma once
+/// \file
+/// `LlamaCudaWeights<Q>`: the GPU decoder's weights, loaded into one device arena (the first layer of
+/// model/llama_cuda.hpp's split: weights here, step metadata in step_metadata_cuda.hpp, graphs in
+/// decode_graphs_cuda.hpp, the computation in llama_cuda.hpp).
+///
+/// The arena is sized by a measuring pass over the same loading code (CudaWeightStore), then filled.
+/// q/k/v and gate/up are each stored stacked (one weight) when the Quantizer can (`load_stacked`), else as
+/// parts whose outputs the model copies side by side. The embedding and the LM head are bf16 always: a
+/// gather reads embedding rows, and the head's f32 logits need the bf16 GEMM with f32 output; a tied head
+/// is the embedding itself. Every tensor's shape is checked against the config before the Quantizer sees it.
+
+#if defined(INFER_HAVE_CUDA)
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "infer/backend/cuda_runtime.hpp"
+#include "infer/backend/weight_store.hpp"
+#include "infer/concepts.hpp"
+#include "infer/core/backend.hpp"
+#include "infer/core/error.hpp"
+#include "infer/model/model_config.hpp"
+#include "infer/model/model_source.hpp"
+
+namespace infer {
+
+template <class Q>
+  requires Quantizer<Q, cuda>
+class LlamaCudaWeights {
+ public:
+  using linear = typename Q::template linear<cuda>;
+  using bf16 = std::uint16_t;
+
+  /// A projection of several stacked outputs (qkv, gate_up): one weight when Q can stack them, else the
+  /// parts, whose outputs are copied side by side.
+  struct Projection {
+    std::vector<linear> parts;
+    std::int64_t out = 0;
+  };
+  struct Layer {
+    const float* attn_norm = nullptr;
+    const float* ffn_norm = nullptr;
+    const float* qkv_bias = nullptr;  ///< [q_size + 2 kv_size], Qwen2 only
+    Projection qkv, gate_up;
+    linear o, down;
+  };
+
+  /// Loads every weight of `src` into one arena, enqueued on `stream` (done when the stream is).
+  /// Errors as ModelSource / the Quantizer, naming the tensor; FormatError for a shape that differs from
+  /// the config; DeviceError when the device cannot hold the weights.
+  LlamaCudaWeights(const ModelSource& src, void* stream) {
+    CudaWeightStore measuring;
+    load(src, measuring);  // sizes only
+    CudaWeightStore store(measuring.measured_bytes(), stream);
+    load(src, store);
+    store.finish();
+    arena_ = store.release_arena();
+  }
+
+  LlamaCudaWeights(LlamaCudaWeights&&) noexcept = default;
+  LlamaCudaWeights& operator=(LlamaCudaWeights&&) noexcept = default;
+
+  [[nodiscard]] const bf16* embedding() const noexcept { return embedding_; }
+  [[nodiscard]] const bf16* lm_head() const noexcept { return lm_head_; }
+  [[nodiscard]] const float* output_norm() const noexcept { return output_norm_; }
+  [[nodiscard]] const std::vector<Layer>& layers() const noexcept { return layers_; }
+  /// The widest unstacked projection's output (0: every projection is stacked): the model's split buffer.
+  [[nodiscard]] std::int64_t split_out() const noexcept { return split_out_; }
+  /// Elements of the largest GGUF weight a GEMM dequantizes (0: none): the model's scratch buffer.
+  [[nodiscard]] std::size_t scratch_elems() const noexcept { return scratch_elems_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return arena_.used(); }
+
+ private:
+  static constexpr bool kStacks = requires(std::span<const WeightTensor> parts, CudaWeightStore& s) {
+    { Q::template load_stacked<cuda>(parts, s) } -> std::same_as<linear>;
+  };
+
+  static void check_shape(const ModelSource& src, const WeightTensor& t, std::int64_t out, std::int64_t in) {
+    const bool ok = in == 0 ? (t.shape.size() == 1 && t.shape[0] == static_cast<std::uint64_t>(out))
+                            : (t.shape.size() == 2 && t.shape[0] == static_cast<std::uint64_t>(out) &&
+                               t.shape[1] == static_cast<std::uint64_t>(in));
+    if (!ok)
+      throw FormatError(detail::cat(src.describe(), ": tensor '", t.name, "' has shape ", shape_text(t.shape),
+                                    ", expected ", in == 0 ? detail::cat("[", out, "]") : detail::cat("[", out, ", ", in, "]"),
+                                    " from the model config"));
+  }
+  static std::string shape_text(const std::vector<std::uint64_t>& s) {
+    std::string r = "[";
+    for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + "]";
+  }
+
+  Projection load_projection(std::span<const WeightTensor> parts, CudaWeightStore& store) {
+    Projection p;
+    for (const auto& t : parts) p.out += static_cast<std::int64_t>(t.shape[0]);
+    if constexpr (kStacks) {
+      p.parts.push_back(Q::template load_stacked<cuda>(parts, store));
+    } else {
+      for (const auto& t : parts) p.parts.push_back(Q::template load<cuda>(t, store));
+      split_out_ = std::max(split_out_, p.out);
+    }
+    for (const auto& w : p.parts) note_scratch(w);
+    return p;
+  }
+  linear load_linear(const ModelSource& src, const WeightTensor& t, std::int64_t out, std::int64_t in,
+                     CudaWeightStore& store) {
+    check_shape(src, t, out, in);
+    linear w = Q::template load<cuda>(t, store);
+    note_scratch(w);
+    return w;
+  }
+  void note_scratch(const linear& w) {
+    if constexpr (requires { w.scratch_elems(); }) scratch_elems_ = std::max(scratch_elems_, w.scratch_elems());
+  }
+  const bf16* load_bf16_matrix(const ModelSource& src, const WeightTensor& t, std::int64_t rows, std::int64_t cols,
+                               CudaWeightStore& store) {
+    check_shape(src, t, rows, cols);
+    auto* p = static_cast<bf16*>(store.allocate(static_cast<std::size_t>(rows * cols) * sizeof(bf16)));
+    if (p) store.store_bf16(p, t);
+    return p;
+  }
+  const float* load_f32_vectors(const ModelSource& src, std::span<const WeightTensor> parts,
+                                std::span<const std::int64_t> sizes, CudaWeightStore& store) {
+    std::int64_t total = 0;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      check_shape(src, parts[i], sizes[i], 0);
+      total += sizes[i];
+    }
+    auto* p = static_cast<float*>(store.allocate(static_cast<std::size_t>(total) * sizeof(float)));
+    float* at = p;
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      if (p) {
+        store.store_f32(at, parts[i]);
+        at += sizes[i];
+      }
+    return p;
+  }
+
+  void load(const ModelSource& src, CudaWeightStore& store) {
+    using detail::cat;
+    const ModelConfig& c = src.config();
+    const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, qs = c.q_size(), kvs = c.kv_size();
+    split_out_ = 0;
+    scratch_elems_ = 0;
+    layers_.clear();
+    const WeightTensor embd = src.get("token_embd");
+    embedding_ = load_bf16_matrix(src, embd, V, H, store);
+    lm_head_ = c.tie_word_embeddings ? embedding_ : load_bf16_matrix(src, src.get("output"), V, H, store);
+    {
+      const WeightTensor n = src.get("output_norm");
+      const std::array<std::int64_t, 1> sz{H};
+      output_norm_ = load_f32_vectors(src, std::span(&n, 1), sz, store);
+    }
+    layers_.reserve(static_cast<std::size_t>(c.num_layers));
+    for (std::int64_t i = 0; i < c.num_layers; ++i) {
+      const auto role = [&](const char* name) { return cat("blk.", i, ".", name); };
+      Layer L;
+      const std::array<std::int64_t, 1> hsz{H};
+      const WeightTensor an = src.get(role("attn_norm")), fn = src.get(role("ffn_norm"));
+      L.attn_norm = load_f32_vectors(src, std::span(&an, 1), hsz, store);
+      L.ffn_norm = load_f32_vectors(src, std::span(&fn, 1), hsz, store);
+      const std::array<WeightTensor, 3> qkv{src.get(role("attn_q")), src.get(role("attn_k")), src.get(role("attn_v"))};
+      check_shape(src, qkv[0], qs, H);
+      check_shape(src, qkv[1], kvs, H);
+      check_shape(src, qkv[2], kvs, H);
+      L.qkv = load_projection(qkv, store);
+      if (c.attention_bias) {
+        const std::array<WeightTensor, 3> b{src.get(role("attn_q.bias")), src.get(role("attn_k.bias")),
+                                            src.get(role("attn_v.bias"))};
+        const std::array<std::int64_t, 3> sz{qs, kvs, kvs};
+        L.qkv_bias = load_f32_vectors(src, b, sz, store);
+      }
+      L.o = load_linear(src, src.get(role("attn_output")), H, qs, store);
+      const std::array<WeightTensor, 2> gu{src.get(role("ffn_gate")), src.get(role("ffn_up"))};
+      check_shape(src, gu[0], I, H);
+      check_shape(src, gu[1], I, H);
+      L.gate_up = load_projection(gu, store);
+      L.down = load_linear(src, src.get(role("ffn_down")), H, I, store);
+      layers_.push_back(std::move(L));
+    }
+  }
+
+  backend::cuda::DeviceArena arena_;
+  const bf16* embedding_ = nullptr;
+  const bf16* lm_head_ = nullptr;
+  const float* output_norm_ = nullptr;
+  std::vector<Layer> layers_;
+  std::int64_t split_out_ = 0;
+  std::size_t scratch_elems_ = 0;
+};
+
+}  // namespace infer
+
+#endif  // INFER_HAVE_CUDA
