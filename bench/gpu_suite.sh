@@ -43,7 +43,8 @@
 #   4.   `test engines` and `test smollm2` (~6.5 min);
 #   5+.  benchmarks: `engines` (~1 min), `connections` (~1 min), `router`, `serve`, `bench`.
 # Every call: `source .deps/unpack.sh && mkdir -p models && ln -sf /root/stage/<model> models/ && ...`, with
-# OUT=$OUT so the logs and JSON come back.
+# OUT=$OUT so the logs and JSON come back. A phase longer than a call runs detached with bench/device_job.sh
+# (`start build bash bench/gpu_suite.sh build`, then `wait build 540` in this call and the next).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${BUILD:-build-gpu}
