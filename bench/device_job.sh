@@ -2,8 +2,9 @@
 # Long runs on the GPU machine across device calls: a call may last 10 minutes and a machine left idle for
 # 30 s is given back, so a build or a suite longer than one call runs detached, and each call waits on it.
 #   bench/device_job.sh start NAME CMD...   run CMD detached (setsid), its output in /root/jobs/NAME.log
-#   bench/device_job.sh wait NAME SECONDS   wait up to SECONDS for it to end; print its log's tail and copy
-#                                           the log to $OUT (if set); exit with its status, or 124 while it runs
+#   bench/device_job.sh wait NAME SECONDS [DIR]  wait up to SECONDS for it to end; print its log's tail and
+#                                           copy the log (and DIR's files, e.g. the job's own results folder)
+#                                           to $OUT (if set); exit with its status, or 124 while it runs
 # The job inherits the environment of the call that starts it (source .deps/unpack.sh first).
 set -uo pipefail
 dir=/root/jobs
@@ -21,7 +22,10 @@ case "${1:-}" in
     end=$((SECONDS + $3))
     while [ ! -f "$dir/$name.rc" ] && [ $SECONDS -lt $end ]; do sleep 2; done
     tail -n 25 "$dir/$name.log"
-    [ -n "${OUT:-}" ] && cp "$dir/$name.log" "$OUT/"
+    if [ -n "${OUT:-}" ]; then
+      cp "$dir/$name.log" "$OUT/"
+      [ -n "${4:-}" ] && [ -d "$4" ] && cp -r "$4"/. "$OUT/"
+    fi
     if [ -f "$dir/$name.rc" ]; then
       echo "$name: ended with status $(cat "$dir/$name.rc")"
       exit "$(cat "$dir/$name.rc")"
