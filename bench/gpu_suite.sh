@@ -253,7 +253,7 @@ JSON
     run python3 tests/programs/check_serve_connections.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
     ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|test [PART]|seeds N...|bench|engines|serve|router|connections|peer-serve" >&2
+    echo "usage: bench/gpu_suite.sh build|test [PART]|reference [T..]|seeds N...|bench|engines|serve|router|connections|peer-serve" >&2
     exit 2
     ;;
 esac
