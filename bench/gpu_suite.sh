@@ -18,7 +18,8 @@
 #                                under $OUT (default bench/results/gpu)
 #   bench/gpu_suite.sh engines   the static engine beside the paged one, same run: Llama-3-8B bf16 batch 1
 #                                512 + 128, TTFT of a 2048-token prompt, 64 x (128, 128) on Shape {64, 128, 128};
-#                                the offline batch job on the Qwen2.5-7B shape with both engines
+#                                the offline batch job on the Qwen2.5-7B shape with both engines; infer-generate
+#                                --backend cuda on the nine SmolLM2 prompts against HF's greedy tokens
 #   bench/gpu_suite.sh serve     infer-serve with the Llama-3-8B dummy shape on the GPU (SmolLM2's tokenizer
 #                                for the text), and infer-bench-serve against it at three request rates
 #   bench/gpu_suite.sh router    the hybrid router on the GPU: SmolLM2 Q4_1 on a static engine for short
@@ -156,6 +157,8 @@ case "${1:-}" in
         --output-json "$out/throughput-llama3-8b-64x128-128-$engine.json"
       run "$bin"/infer-offline-batch --dummy qwen2.5-7b --tokenizer tests/fixtures/smollm2/tokenizer.json \
         --chat-template chatml --backend cuda --engine $engine --max-batch 64 --max-input 128 --max-output 256 --show 0
+      # The main job on the default model as a user runs it, against HF's greedy tokens (a report).
+      run python3 bench/compare_hf_greedy.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf tests/fixtures cuda $engine
     done
     ;;
   serve)
