@@ -37,7 +37,8 @@
 /// AttentionKernel — computes causal attention for a chunk of query tokens of one sequence over the KV
 ///   view its layout implies; K/V of the chunk are already written. make_view<T>(k, v, block_table,
 ///   block_size, kv_heads, head_dim) builds that view for one layer.
-/// Quantizer — how a linear layer's weight is stored on a backend, and the matmul that uses it.
+/// Quantizer — how a linear layer's weight is stored on a backend (loaded from one tensor, or by role with
+///   its companion tensors), and the matmul that uses it.
 /// The types that differ per backend (activations, matmul context, weight store) are BackendTraits<B>.
 
 #include <concepts>
@@ -170,19 +171,38 @@ concept AttentionKernel = Backend<B> && attention_describes_itself<K> && attenti
                           KvView<typename K::template view<float>> && attention_computes<K, B>;
 
 // ---- Quantizer --------------------------------------------------------------------------------------
-/// `Q` stores linear-layer weights for backend `B` (`typename Q::template linear<B>`), built from a
-/// file's tensor by `Q::template load<B>(tensor, store)` (`store`: where B keeps weights, see
-/// BackendTraits), and multiplies with them: `Q::matmul(ctx, w, x, rows, y)` computes
-/// y[rows][w.out()] = x[rows][w.in()] · wᵀ in B's activation type (f32 on the CPU; bf16 on the GPU,
-/// accumulated in f32), `ctx` being B's matmul context (the tag on the CPU; handle, stream, scratch on the GPU).
+struct LinearRequest;  // quant/linear_request.hpp: a weight asked for by role, with its logical shape
+
+namespace policy_detail {
 template <class Q, class B>
-concept Quantizer = Backend<B> && requires(const WeightTensor& t, typename BackendTraits<B>::weight_store& store) {
+concept quantizer_loads_tensor = requires(const WeightTensor& t, typename BackendTraits<B>::weight_store& store) {
+  { Q::template load<B>(t, store) } -> std::same_as<typename Q::template linear<B>>;
+};
+}  // namespace policy_detail
+
+/// `Q` loads a linear layer by role: `Q::template load<B>(request, store)` reads the weight and any
+/// companion tensors (scales, zeros, g_idx) through the LinearRequest and checks their shapes itself.
+template <class Q, class B>
+concept RoleQuantizer = requires(const LinearRequest& r, typename BackendTraits<B>::weight_store& store) {
+  { Q::template load<B>(r, store) } -> std::same_as<typename Q::template linear<B>>;
+};
+
+/// `Q` stores linear-layer weights for backend `B` (`typename Q::template linear<B>`), built either from a
+/// file's tensor by `Q::template load<B>(tensor, store)` (the decoder checks the tensor is [out, in]
+/// first) or, for layouts that need more than one tensor or are not [out, in] (packed INT4 with scales and
+/// zeros, FP8 with its scales), from a LinearRequest by `Q::template load<B>(request, store)`
+/// (RoleQuantizer); `store` is where B keeps weights (BackendTraits). It multiplies with them:
+/// `Q::matmul(ctx, w, x, rows, y)` computes y[rows][w.out()] = x[rows][w.in()] · wᵀ in B's activation type
+/// (f32 on the CPU; bf16 on the GPU, accumulated in f32), `ctx` being B's matmul context (the tag on the
+/// CPU; handle, stream, scratch on the GPU).
+template <class Q, class B>
+concept Quantizer = Backend<B> && requires {
   { Q::name } -> std::convertible_to<std::string_view>;
   typename Q::template linear<B>;
-  { Q::template load<B>(t, store) } -> std::same_as<typename Q::template linear<B>>;
-} && requires(const typename Q::template linear<B>& w, typename BackendTraits<B>::matmul_context& ctx,
-              const typename BackendTraits<B>::activation* x, std::int32_t rows,
-              typename BackendTraits<B>::activation* y) {
+} && (policy_detail::quantizer_loads_tensor<Q, B> || RoleQuantizer<Q, B>) &&
+    requires(const typename Q::template linear<B>& w, typename BackendTraits<B>::matmul_context& ctx,
+             const typename BackendTraits<B>::activation* x, std::int32_t rows,
+             typename BackendTraits<B>::activation* y) {
   { w.out() } -> std::convertible_to<std::int64_t>;
   { w.in() } -> std::convertible_to<std::int64_t>;
   { Q::matmul(ctx, w, x, rows, y) } -> std::same_as<void>;
@@ -337,10 +357,16 @@ consteval bool diagnose_quantizer() {
                     "infer::Quantizer: no member template `template <class B> using linear` (a weight on backend B)");
     } else {
       using L = typename Q::template linear<B>;
-      INFER_DIAGNOSE_MEMBER(Q, "infer::Quantizer",
-                            Q::template load<B>(v<const WeightTensor&>(), v<typename T::weight_store&>()), returns, L,
-                            "template <class B> static linear<B> load(const infer::WeightTensor&, "
-                            "BackendTraits<B>::weight_store&)");
+      if constexpr (requires { Q::template load<B>(v<const LinearRequest&>(), v<typename T::weight_store&>()); })
+        INFER_DIAGNOSE_MEMBER(Q, "infer::Quantizer",
+                              Q::template load<B>(v<const LinearRequest&>(), v<typename T::weight_store&>()), returns,
+                              L, "template <class B> static linear<B> load(const infer::LinearRequest&, "
+                              "BackendTraits<B>::weight_store&)");
+      else
+        INFER_DIAGNOSE_MEMBER(Q, "infer::Quantizer",
+                              Q::template load<B>(v<const WeightTensor&>(), v<typename T::weight_store&>()), returns,
+                              L, "template <class B> static linear<B> load(const infer::WeightTensor&, "
+                              "BackendTraits<B>::weight_store&) (or load(const infer::LinearRequest&, ...))");
       INFER_DIAGNOSE_MEMBER(Q, "infer::Quantizer", v<const L&>().out(), returns_convertible, std::int64_t,
                             "std::int64_t linear<B>::out() const");
       INFER_DIAGNOSE_MEMBER(Q, "infer::Quantizer", v<const L&>().in(), returns_convertible, std::int64_t,

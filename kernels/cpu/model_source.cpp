@@ -25,32 +25,42 @@ using detail::cat;
 
 struct RoleName {
   std::string_view canonical, hf;
-  bool linear;  ///< may carry a ".bias"
+  bool linear;  ///< a projection: may carry a ".bias"
+  bool matrix;  ///< a 2-D weight: may have companion tensors (kCompanions)
 };
 
 constexpr std::array<RoleName, 3> kGlobalRoles{{
-    {"token_embd", "model.embed_tokens", false},
-    {"output_norm", "model.norm", false},
-    {"output", "lm_head", true},
+    {"token_embd", "model.embed_tokens", false, true},
+    {"output_norm", "model.norm", false, false},
+    {"output", "lm_head", true, true},
 }};
 
 constexpr std::array<RoleName, 9> kLayerRoles{{
-    {"attn_norm", "input_layernorm", false},
-    {"attn_q", "self_attn.q_proj", true},
-    {"attn_k", "self_attn.k_proj", true},
-    {"attn_v", "self_attn.v_proj", true},
-    {"attn_output", "self_attn.o_proj", true},
-    {"ffn_norm", "post_attention_layernorm", false},
-    {"ffn_gate", "mlp.gate_proj", true},
-    {"ffn_up", "mlp.up_proj", true},
-    {"ffn_down", "mlp.down_proj", true},
+    {"attn_norm", "input_layernorm", false, false},
+    {"attn_q", "self_attn.q_proj", true, true},
+    {"attn_k", "self_attn.k_proj", true, true},
+    {"attn_v", "self_attn.v_proj", true, true},
+    {"attn_output", "self_attn.o_proj", true, true},
+    {"ffn_norm", "post_attention_layernorm", false, false},
+    {"ffn_gate", "mlp.gate_proj", true, true},
+    {"ffn_up", "mlp.up_proj", true, true},
+    {"ffn_down", "mlp.down_proj", true, true},
 }};
 
-/// A parsed canonical role: a per-layer one has `layer` >= 0.
+/// The tensors a quantized checkpoint stores beside (or instead of) a matrix's weight, under the
+/// weight's module name: vLLM/ModelOpt FP8 and compressed-tensors INT8 (`weight_scale`, `input_scale`),
+/// AWQ and GPTQ (`qweight`, `qzeros`, `scales`, `g_idx`). A Quantizer that loads by role reads them
+/// (quant/linear_request.hpp); a file without them simply does not have them.
+constexpr std::array<std::string_view, 6> kCompanions{"weight_scale", "input_scale", "qweight", "qzeros", "scales",
+                                                      "g_idx"};
+
+/// A parsed canonical role: a per-layer one has `layer` >= 0; `suffix` is "weight", "bias" or a companion.
 struct Role {
   std::int64_t layer = -1;
   const RoleName* name = nullptr;
-  bool bias = false;
+  std::string_view suffix = "weight";
+  [[nodiscard]] bool bias() const noexcept { return suffix == "bias"; }
+  [[nodiscard]] bool companion() const noexcept { return suffix != "weight" && suffix != "bias"; }
 };
 
 Role parse_role(std::string_view role) {
@@ -58,15 +68,23 @@ Role parse_role(std::string_view role) {
     return InvalidArgument(cat("model role '", role,
                                "' is not a canonical role: expected token_embd, output_norm, output, or "
                                "blk.<layer>.<attn_norm|attn_q|attn_k|attn_v|attn_output|ffn_norm|ffn_gate|ffn_up|"
-                               "ffn_down>, a linear one optionally followed by .bias"));
+                               "ffn_down>, a linear one optionally followed by .bias, a matrix one by "
+                               ".<weight_scale|input_scale|qweight|qzeros|scales|g_idx>"));
   };
   Role r;
   std::string_view rest = role;
-  constexpr std::string_view bias_suffix = ".bias";
-  if (rest.size() > bias_suffix.size() && rest.substr(rest.size() - bias_suffix.size()) == bias_suffix) {
-    r.bias = true;
-    rest.remove_suffix(bias_suffix.size());
-  }
+  const auto strip = [&](std::string_view suffix) {
+    const bool at_end = rest.size() > suffix.size() + 1 && rest.ends_with(suffix) &&
+                        rest[rest.size() - suffix.size() - 1] == '.';
+    if (at_end) {
+      r.suffix = suffix;
+      rest.remove_suffix(suffix.size() + 1);
+    }
+    return at_end;
+  };
+  if (!strip("bias"))
+    for (std::string_view c : kCompanions)
+      if (strip(c)) break;
   if (rest.starts_with("blk.")) {
     rest.remove_prefix(4);
     const auto dot = rest.find('.');
@@ -82,7 +100,7 @@ Role parse_role(std::string_view role) {
     for (const auto& n : kGlobalRoles)
       if (n.canonical == rest) r.name = &n;
   }
-  if (!r.name || (r.bias && !r.name->linear)) throw bad();
+  if (!r.name || (r.bias() && !r.name->linear) || (r.companion() && !r.name->matrix)) throw bad();
   return r;
 }
 
@@ -102,7 +120,8 @@ struct ModelSource::Impl {
     const ModelConfig& c = config;
     const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
     const std::string_view n = r.name->canonical;
-    if (r.bias && !(c.attention_bias && (n == "attn_q" || n == "attn_k" || n == "attn_v"))) return std::nullopt;
+    if (r.companion()) return std::nullopt;  // dummy weights are plain bf16
+    if (r.bias() && !(c.attention_bias && (n == "attn_q" || n == "attn_k" || n == "attn_v"))) return std::nullopt;
     if (r.layer >= c.num_layers) return std::nullopt;
     std::vector<std::uint64_t> shape;
     const std::uint64_t H = u(c.hidden_size), I = u(c.intermediate_size), qs = u(c.q_size()), kvs = u(c.kv_size());
@@ -113,13 +132,13 @@ struct ModelSource::Impl {
     else if (n == "attn_output") shape = {H, qs};
     else if (n == "ffn_gate" || n == "ffn_up") shape = {I, H};
     else shape = {H, I};  // ffn_down
-    if (r.bias) shape = {shape[0]};
+    if (r.bias()) shape = {shape[0]};
     DummyFill fill;
     // Seeded per tensor: the name's FNV-1a hash mixed with the model's seed.
     std::uint64_t h = 0xcbf29ce484222325ull;
     for (char ch : name) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ull;
     fill.seed = h ^ (*dummy_seed * 0x9E3779B97F4A7C15ull);
-    if (r.bias) fill.spread = 0.02f;
+    if (r.bias()) fill.spread = 0.02f;
     else if (shape.size() == 1) {
       fill.center = 1.0f;
       fill.spread = 0.05f;
@@ -129,10 +148,9 @@ struct ModelSource::Impl {
   }
 
   [[nodiscard]] std::string name_of(const Role& r) const {
-    const char* suffix = r.bias ? ".bias" : ".weight";
     if (gguf)
-      return r.layer < 0 ? cat(r.name->canonical, suffix) : cat("blk.", r.layer, ".", r.name->canonical, suffix);
-    return r.layer < 0 ? cat(r.name->hf, suffix) : cat("model.layers.", r.layer, ".", r.name->hf, suffix);
+      return r.layer < 0 ? cat(r.name->canonical, ".", r.suffix) : cat("blk.", r.layer, ".", r.name->canonical, ".", r.suffix);
+    return r.layer < 0 ? cat(r.name->hf, ".", r.suffix) : cat("model.layers.", r.layer, ".", r.name->hf, ".", r.suffix);
   }
 };
 

@@ -8,7 +8,8 @@
 /// q/k/v and gate/up are each stored stacked (one weight) when the Quantizer can (`load_stacked`), else as
 /// parts whose outputs the model copies side by side. The embedding and the LM head are bf16 always: a
 /// gather reads embedding rows, and the head's f32 logits need the bf16 GEMM with f32 output; a tied head
-/// is the embedding itself. Every tensor's shape is checked against the config before the Quantizer sees it.
+/// is the embedding itself. Every tensor's shape is checked against the config before the Quantizer sees it,
+/// except where the Quantizer loads by role (quant/linear_request.hpp) and checks its own.
 
 #if defined(INFER_HAVE_CUDA)
 
@@ -26,6 +27,7 @@
 #include "infer/core/error.hpp"
 #include "infer/model/model_config.hpp"
 #include "infer/model/model_source.hpp"
+#include "infer/quant/linear_request.hpp"
 
 namespace infer {
 
@@ -95,22 +97,24 @@ class LlamaCudaWeights {
     return r + "]";
   }
 
-  Projection load_projection(std::span<const WeightTensor> parts, CudaWeightStore& store) {
+  /// A stacked projection: one weight when Q stacks tensors (each checked to be [out, in] first), else
+  /// each part through load_linear (by role where Q loads by role).
+  Projection load_projection(std::span<const LinearRequest> parts, CudaWeightStore& store) {
     Projection p;
-    for (const auto& t : parts) p.out += static_cast<std::int64_t>(t.shape[0]);
+    for (const auto& r : parts) p.out += r.out;
     if constexpr (kStacks) {
-      p.parts.push_back(Q::template load_stacked<cuda>(parts, store));
+      std::vector<WeightTensor> tensors;
+      for (const auto& r : parts) tensors.push_back(r.checked_weight());
+      p.parts.push_back(Q::template load_stacked<cuda>(std::span<const WeightTensor>(tensors), store));
     } else {
-      for (const auto& t : parts) p.parts.push_back(Q::template load<cuda>(t, store));
+      for (const auto& r : parts) p.parts.push_back(infer::load_linear<Q, cuda>(r, store));
       split_out_ = std::max(split_out_, p.out);
     }
     for (const auto& w : p.parts) note_scratch(w);
     return p;
   }
-  linear load_linear(const ModelSource& src, const WeightTensor& t, std::int64_t out, std::int64_t in,
-                     CudaWeightStore& store) {
-    check_shape(src, t, out, in);
-    linear w = Q::template load<cuda>(t, store);
+  linear load_linear(const LinearRequest& r, CudaWeightStore& store) {
+    linear w = infer::load_linear<Q, cuda>(r, store);
     note_scratch(w);
     return w;
   }
@@ -164,10 +168,9 @@ class LlamaCudaWeights {
       const WeightTensor an = src.get(role("attn_norm")), fn = src.get(role("ffn_norm"));
       L.attn_norm = load_f32_vectors(src, std::span(&an, 1), hsz, store);
       L.ffn_norm = load_f32_vectors(src, std::span(&fn, 1), hsz, store);
-      const std::array<WeightTensor, 3> qkv{src.get(role("attn_q")), src.get(role("attn_k")), src.get(role("attn_v"))};
-      check_shape(src, qkv[0], qs, H);
-      check_shape(src, qkv[1], kvs, H);
-      check_shape(src, qkv[2], kvs, H);
+      const std::array<LinearRequest, 3> qkv{LinearRequest{src, role("attn_q"), qs, H},
+                                             LinearRequest{src, role("attn_k"), kvs, H},
+                                             LinearRequest{src, role("attn_v"), kvs, H}};
       L.qkv = load_projection(qkv, store);
       if (c.attention_bias) {
         const std::array<WeightTensor, 3> b{src.get(role("attn_q.bias")), src.get(role("attn_k.bias")),
@@ -175,12 +178,11 @@ class LlamaCudaWeights {
         const std::array<std::int64_t, 3> sz{qs, kvs, kvs};
         L.qkv_bias = load_f32_vectors(src, b, sz, store);
       }
-      L.o = load_linear(src, src.get(role("attn_output")), H, qs, store);
-      const std::array<WeightTensor, 2> gu{src.get(role("ffn_gate")), src.get(role("ffn_up"))};
-      check_shape(src, gu[0], I, H);
-      check_shape(src, gu[1], I, H);
+      L.o = load_linear(LinearRequest{src, role("attn_output"), H, qs}, store);
+      const std::array<LinearRequest, 2> gu{LinearRequest{src, role("ffn_gate"), I, H},
+                                            LinearRequest{src, role("ffn_up"), I, H}};
       L.gate_up = load_projection(gu, store);
-      L.down = load_linear(src, src.get(role("ffn_down")), H, I, store);
+      L.down = load_linear(LinearRequest{src, role("ffn_down"), H, I}, store);
       layers_.push_back(std::move(L));
     }
   }

@@ -5,7 +5,8 @@
 /// not. The token embedding goes through it as well when the Quantizer can look rows up
 /// (EmbeddingQuantizer: `Q::embed`), and a tied LM head is then that same weight; otherwise the embedding
 /// is decoded to f32 once (it may be quantized in the file, e.g. Q8_0 in SmolLM2) and a tied head is a
-/// second load of the same tensor through Q. Norms and biases are decoded to f32. Every shape is checked
+/// second load of the same tensor through Q. Norms and biases are decoded to f32. Every shape is checked (by the
+/// Quantizer itself for one that loads by role, quant/linear_request.hpp)
 /// against the ModelConfig here, so the forward pass can trust them.
 
 #include <concepts>
@@ -22,6 +23,7 @@
 #include "infer/model/model_config.hpp"
 #include "infer/model/model_source.hpp"
 #include "infer/quant/f32.hpp"
+#include "infer/quant/linear_request.hpp"
 #include "infer/quant/weight_tensor.hpp"
 
 namespace infer {
@@ -81,19 +83,11 @@ inline std::vector<float> load_vector(const ModelSource& src, const std::string&
   return v;
 }
 
-/// A linear layer [out, in] through the Quantizer, shape-checked before and after loading.
+/// A linear layer [out, in] of `role` through the Quantizer (load_linear: by role, or its checked tensor).
 template <class Q, class B>
 typename Q::template linear<B> load_linear(const ModelSource& src, const std::string& role, std::int64_t out,
                                            std::int64_t in, typename BackendTraits<B>::weight_store& store) {
-  const WeightTensor t = src.get(role);
-  if (t.shape.size() != 2 || t.shape[0] != static_cast<std::uint64_t>(out) ||
-      t.shape[1] != static_cast<std::uint64_t>(in))
-    wrong_shape(src, t, role, cat("[", out, ", ", in, "]"));
-  auto w = Q::template load<B>(t, store);
-  require<FormatError>(static_cast<std::int64_t>(w.out()) == out && static_cast<std::int64_t>(w.in()) == in,
-                       Q::name, "::load of tensor '", t.name, "' gave [", w.out(), ", ", w.in(), "], expected [",
-                       out, ", ", in, "]");
-  return w;
+  return infer::load_linear<Q, B>(LinearRequest{src, role, out, in}, store);
 }
 
 }  // namespace detail

@@ -14,6 +14,10 @@
 ///   blk.{i}.ffn_norm        blk.{i}.ffn_norm.weight    model.layers.{i}.post_attention_layernorm.weight
 ///   blk.{i}.ffn_gate|up|down blk.{i}.ffn_gate.weight   model.layers.{i}.mlp.gate_proj.weight ...
 ///   <linear role>.bias      <GGUF name>.bias           <HF name>.bias
+///   <matrix role>.<c>       <GGUF module>.<c>          <HF module>.<c>          (c: a quantized checkpoint's
+///                                                       companion: weight_scale, input_scale, qweight,
+///                                                       qzeros, scales, g_idx; e.g. model.layers.0.mlp.
+///                                                       down_proj.weight_scale. A dummy model has none.)
 ///
 /// WeightTensor shapes are row-major slowest-first ([out, in]); GGUF lists dimensions fastest-first,
 /// so they are reversed here, once, and nowhere else.

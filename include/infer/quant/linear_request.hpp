@@ -1,0 +1,79 @@
+#pragma once
+/// \file
+/// `LinearRequest`: a linear layer's weight asked for by role, as a Quantizer that loads by role sees it
+/// (`Q::load<B>(const LinearRequest&, store)`, the RoleQuantizer concept). It carries the model source, the
+/// canonical role ("blk.3.attn_q", "output", ...) and the logical shape [out, in] the config implies, so
+/// the Quantizer can read companion tensors (scales, zeros, g_idx: ModelSource's `<role>.<companion>`)
+/// and check its own shapes: a packed INT4 `qweight` is not [out, in], and only its Quantizer knows what
+/// it should be. A Quantizer that loads one tensor (`Q::load<B>(const WeightTensor&, store)`) gets the
+/// weight with its shape checked by `load_linear`, as before; the decoders call `load_linear` for either.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "infer/concepts.hpp"
+#include "infer/core/backend.hpp"
+#include "infer/core/error.hpp"
+#include "infer/model/model_source.hpp"
+#include "infer/quant/weight_tensor.hpp"
+
+namespace infer {
+
+struct LinearRequest {
+  const ModelSource& source;
+  std::string role;         ///< canonical role of the weight
+  std::int64_t out = 0;     ///< logical output features (rows of the [out, in] matrix)
+  std::int64_t in = 0;      ///< logical input features
+
+  /// The role's main tensor (`<module>.weight`); NotFoundError naming it when absent.
+  [[nodiscard]] WeightTensor weight() const { return source.get(role); }
+
+  /// `<role>.<companion>` (e.g. "weight_scale"), or nullopt when the file has none.
+  [[nodiscard]] std::optional<WeightTensor> companion(std::string_view name) const {
+    return source.find(detail::cat(role, ".", name));
+  }
+  /// As companion(), but NotFoundError naming what the Quantizer needs it for.
+  [[nodiscard]] WeightTensor require_companion(std::string_view name, std::string_view quantizer) const {
+    if (auto t = companion(name)) return std::move(*t);
+    throw NotFoundError(detail::cat(quantizer, ": weight '", role, "' needs its '", name, "' tensor ('",
+                                    source.file_name(detail::cat(role, ".", name)), "'), which is not in ",
+                                    source.describe()));
+  }
+
+  /// The weight, checked to be [out, in]: what a one-tensor Quantizer is given.
+  [[nodiscard]] WeightTensor checked_weight() const {
+    WeightTensor t = weight();
+    if (t.shape.size() != 2 || t.shape[0] != static_cast<std::uint64_t>(out) ||
+        t.shape[1] != static_cast<std::uint64_t>(in))
+      wrong_shape(t, detail::cat("[", out, ", ", in, "]"));
+    return t;
+  }
+
+  /// FormatError naming the model, the tensor, its role and both shapes.
+  [[noreturn]] void wrong_shape(const WeightTensor& t, const std::string& expected) const {
+    std::string got = "[";
+    for (std::size_t i = 0; i < t.shape.size(); ++i) got += (i ? ", " : "") + std::to_string(t.shape[i]);
+    throw FormatError(detail::cat(source.describe(), ": tensor '", t.name, "' (", role, ") has shape ", got,
+                                  "], expected ", expected, " from the model config"));
+  }
+};
+
+/// Loads `r` through `Q`: by role when Q can, else its [out, in]-checked weight; then checks that the
+/// result is [out, in] (FormatError naming the Quantizer otherwise).
+template <class Q, class B>
+  requires Quantizer<Q, B>
+typename Q::template linear<B> load_linear(const LinearRequest& r, typename BackendTraits<B>::weight_store& store) {
+  auto w = [&] {
+    if constexpr (RoleQuantizer<Q, B>) return Q::template load<B>(r, store);
+    else return Q::template load<B>(r.checked_weight(), store);
+  }();
+  require<FormatError>(static_cast<std::int64_t>(w.out()) == r.out && static_cast<std::int64_t>(w.in()) == r.in,
+                       Q::name, "::load of '", r.role, "' gave [", w.out(), ", ", w.in(), "], expected [", r.out, ", ",
+                       r.in, "]");
+  return w;
+}
+
+}  // namespace infer
