@@ -71,7 +71,7 @@ void dequantize_plain(const std::byte* src, float* dst, std::size_t n, std::size
 void dequantize(DType type, std::span<const std::byte> src, std::span<float> dst) {
   if (type == DType::fp8_e4m3 || type == DType::int8)
     throw UnsupportedError(detail::cat("dequantize: type ", name(type),
-                                       " has no scale of its own; dequantize it through its quantizer"));
+                                       " has no scale of its own; load it with a quantizer that reads its scale (e.g. int8-weight-only)"));
   const DTypeInfo ti = info(type);
   const auto need = row_bytes(type, dst.size());
   if (!need)

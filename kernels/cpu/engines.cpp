@@ -8,5 +8,8 @@ template class Engine<cpu, llama, PagedBlockAllocator<16>, PriorityScheduler, Pa
 template class Engine<cpu, llama, PagedBlockAllocator<32>, PriorityScheduler, PagedAttention<>, F32>;
 template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
                       StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, F32>;
+template class Engine<cpu, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Int8WeightOnly>;
+template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
+                      StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Int8WeightOnly>;
 
 }  // namespace infer

@@ -9,8 +9,10 @@
 ///
 /// | backend | engine   | compiled                                                              |
 /// | ------- | -------- | --------------------------------------------------------------------- |
-/// | cpu     | paged    | PagedEngine<cpu, 8 / 16 / 32> (F32)                                   |
+/// | cpu     | paged    | PagedEngine<cpu, 8 / 16 / 32> (F32); int8: PagedEngine<cpu, 16>       |
+/// |         |          | with Int8WeightOnly                                                   |
 /// | cpu     | static   | StaticEngine<cpu, kShapeAtRuntime> (the shape in EngineOptions), F32  |
+/// |         |          | or Int8WeightOnly                                                     |
 /// | cuda    | paged    | PagedEngine<cuda, 16>, quantizer auto (GgufInPlace) or bf16 (Bf16)    |
 /// | cuda    | static   | StaticEngine<cuda, kShapeAtRuntime>, quantizer auto or bf16           |
 ///
@@ -196,8 +198,10 @@ inline void check_engine_choice(std::string_view backend, const LlmOptions& opti
   using detail::cat;
   if (options.engine != "paged" && options.engine != "static")
     throw InvalidArgument(cat("engine '", options.engine, "' is unknown; choose paged or static"));
-  if (options.quantizer != "auto" && options.quantizer != "bf16")
-    throw InvalidArgument(cat("quantizer '", options.quantizer, "' is unknown; choose auto or bf16"));
+  if (options.quantizer != "auto" && options.quantizer != "bf16" && options.quantizer != "int8")
+    throw InvalidArgument(cat("quantizer '", options.quantizer, "' is unknown; choose auto, bf16 or int8"));
+  if (backend == "cuda" && options.quantizer == "int8")
+    throw InvalidArgument("quantizer int8 runs on the cpu backend only so far (its GPU kernels are not written yet)");
   if (options.engine != "paged") return;
   if (backend == "cuda") {
     // One block size on CUDA: each engine instance adds minutes to the build, and 16 is what the kernels
@@ -210,6 +214,9 @@ inline void check_engine_choice(std::string_view backend, const LlmOptions& opti
   }
   if (backend != "cuda" && options.quantizer == "bf16")
     throw InvalidArgument("quantizer bf16 is a cuda backend option; the cpu backend computes in f32");
+  if (options.quantizer == "int8" && options.block_size != 16)
+    throw InvalidArgument(cat("quantizer int8 runs the paged engine with block_size 16 (asked: block_size ",
+                              options.block_size, ")"));
 }
 
 /// Calls `body.template operator()<E>()` with the engine type `backend` ("cpu" or "cuda", resolved) and
@@ -229,6 +236,9 @@ decltype(auto) with_engine_type(std::string_view backend, const LlmOptions& opti
     throw DeviceError("backend cuda: this build has no CUDA backend; use --backend cpu");
 #endif
   }
+  if (options.quantizer == "int8")
+    return paged ? body.template operator()<PagedEngine<cpu, 16, Int8WeightOnly>>()
+                 : body.template operator()<StaticEngine<cpu, kShapeAtRuntime, Int8WeightOnly>>();
   if (!paged) return body.template operator()<StaticEngine<cpu, kShapeAtRuntime>>();
   if (options.block_size == 8) return body.template operator()<PagedEngine<cpu, 8>>();
   if (options.block_size == 32) return body.template operator()<PagedEngine<cpu, 32>>();
@@ -267,6 +277,9 @@ extern template class Engine<cpu, llama, PagedBlockAllocator<16>, PrioritySchedu
 extern template class Engine<cpu, llama, PagedBlockAllocator<32>, PriorityScheduler, PagedAttention<>, F32>;
 extern template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
                              StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, F32>;
+extern template class Engine<cpu, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Int8WeightOnly>;
+extern template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
+                             StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Int8WeightOnly>;
 #if defined(INFER_HAVE_CUDA)
 extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, GgufInPlace>;
 extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Bf16>;

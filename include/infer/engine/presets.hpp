@@ -22,6 +22,7 @@
 #include "infer/quant/bf16.hpp"
 #include "infer/quant/f32.hpp"
 #include "infer/quant/gguf_in_place.hpp"
+#include "infer/quant/int8_weight_only.hpp"
 #include "infer/sched/continuous_batch.hpp"
 #include "infer/sched/static_batch.hpp"
 

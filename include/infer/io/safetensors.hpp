@@ -11,7 +11,8 @@
 /// Every structural property a later reader would rely on is checked here, once, so that a tensor's
 /// span is always inside the file and exactly as long as its shape says: a malformed file throws
 /// FormatError naming the file, the tensor and the offending numbers; a well-formed file using a
-/// dtype this library does not load (I32, F64, F8_E4M3, ...) throws UnsupportedError.
+/// dtype this library does not load (I32, F64, F8_E4M3, ...) throws UnsupportedError. I8 loads (an INT8
+/// checkpoint's weights); decoding it needs its scale, which only a Quantizer that loads by role reads.
 
 #include <algorithm>
 #include <bit>
@@ -73,6 +74,7 @@ inline std::optional<DType> parse_dtype(std::string_view s) {
   if (s == "F32") return DType::f32;
   if (s == "F16") return DType::f16;
   if (s == "BF16") return DType::bf16;
+  if (s == "I8") return DType::int8;  // INT8 checkpoints' weights, read with their scales (Int8WeightOnly)
   return std::nullopt;
 }
 
@@ -113,7 +115,7 @@ inline Tensor parse_entry(const std::string& file, const std::string& name, cons
   auto dt = parse_dtype(dtype_name);
   if (!dt)
     throw UnsupportedError(cat(file, ": tensor '", name, "' has dtype ", dtype_name,
-                               ", which infer does not load (supported: F32, F16, BF16)"));
+                               ", which infer does not load (supported: F32, F16, BF16, I8)"));
   t.dtype = *dt;
 
   const auto& shape = field("shape");

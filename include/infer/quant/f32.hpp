@@ -60,6 +60,8 @@ inline void dequantize_to_f32(const WeightTensor& t, std::span<float> dst) {
     // A size mismatch here is the file's fault (shape and bytes disagree), not the caller's.
     throw FormatError(detail::cat("tensor '", t.name, "' (", name(t.type), ", ", t.elements(),
                                   " values): cannot be decoded: ", e.what()));
+  } catch (const UnsupportedError& e) {  // int8 / fp8 without their scales: say which tensor
+    throw UnsupportedError(detail::cat("tensor '", t.name, "': ", e.what()));
   }
 }
 

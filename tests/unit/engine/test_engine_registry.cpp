@@ -69,6 +69,13 @@ TEST_CASE("ModelSpec refuses combinations that cannot load, naming the flag") {
   LlmOptions bf16_on_cpu = small_options();
   bf16_on_cpu.quantizer = "bf16";
   CHECK_THROWS_WITH(make_engine(ModelSpec{.model = model}, bf16_on_cpu), Catch::Contains("cuda backend option"));
+  LlmOptions int8 = small_options();
+  int8.quantizer = "int8";
+  CHECK_THROWS_WITH(check_engine_choice("cuda", int8), Catch::Contains("cpu backend only"));
+  int8.block_size = 8;
+  CHECK_THROWS_WITH(check_engine_choice("cpu", int8), Catch::Contains("block_size 16"));
+  int8.quantizer = "int4";
+  CHECK_THROWS_WITH(check_engine_choice("cpu", int8), Catch::Contains("choose auto, bf16 or int8"));
   CHECK(message(ModelSpec{.dummy = "llama3-8b", .tokenizer = model, .backend = "cpu"}).empty());
   CHECK(ModelSpec{.dummy = "llama3-8b"}.name() == "dummy-llama3-8b");
   CHECK(ModelSpec{.model = model}.name() == model.filename().string());

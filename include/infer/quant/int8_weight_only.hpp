@@ -1,0 +1,149 @@
+#pragma once
+/// \file
+/// `infer::Int8WeightOnly`: W8A16 weights, per-channel symmetric INT8 — each output row of a linear layer
+/// stored as int8 values q with one f32 scale s, w ≈ q · s. This is its CPU implementation (the reference
+/// a GPU kernel is checked against; the activations stay f32 here).
+///
+/// It loads by role (RoleQuantizer), so a checkpoint that is already INT8 loads as it is: `weight` of
+/// dtype I8 [out, in] with `weight_scale` [out] or [out, 1] (f32, f16 or bf16), compressed-tensors'
+/// channel-wise "int-quantized" layout, which vLLM loads. Any other weight (f32, f16, bf16, GGUF blocks,
+/// dummy) is quantized at build by round-to-nearest: s = max|w_row| / 127 and q = round(w / s), within
+/// [-127, 127] (the symmetric range: -q is always representable). A row of zeros has s = 0 and q = 0.
+///
+/// matmul dequantizes kTileRows rows at a time into f32 and multiplies the tile through the CPU GEMM, so it
+/// computes exactly x · (q·s)ᵀ in f32 without ever holding the whole f32 matrix.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "infer/concepts.hpp"
+#include "infer/core/backend.hpp"
+#include "infer/core/error.hpp"
+#include "infer/kernels/cpu_ops.hpp"
+#include "infer/quant/f32.hpp"
+#include "infer/quant/linear_request.hpp"
+
+namespace infer {
+
+namespace detail {
+
+/// Left undefined for backends not implemented yet, so `Quantizer<Int8WeightOnly, cuda>` is false.
+template <class B>
+struct Int8Linear;
+
+/// q [out][in] int8 row-major, and one scale per output row.
+template <>
+struct Int8Linear<cpu> {
+  std::vector<std::int8_t> q;
+  std::vector<float> scale;
+  std::int64_t out_features = 0;
+  std::int64_t in_features = 0;
+
+  [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
+  [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
+  /// w[o][i] as the matmul uses it: q · s, in f32.
+  [[nodiscard]] float value(std::int64_t o, std::int64_t i) const noexcept {
+    return static_cast<float>(q[static_cast<std::size_t>(o * in_features + i)]) * scale[static_cast<std::size_t>(o)];
+  }
+};
+
+}  // namespace detail
+
+struct Int8WeightOnly {
+  static constexpr std::string_view name = "int8-weight-only";
+  static constexpr std::int64_t kTileRows = 256;  ///< rows dequantized per GEMM in matmul
+
+  template <class B>
+  using linear = detail::Int8Linear<B>;
+
+  /// Per-channel round-to-nearest of an f32 [out][in] matrix (what load does for a weight that is not INT8).
+  static linear<cpu> quantize(std::span<const float> w, std::int64_t out, std::int64_t in) {
+    require<InvalidArgument>(w.size() == static_cast<std::size_t>(out * in), "Int8WeightOnly::quantize: ", w.size(),
+                             " values for [", out, ", ", in, "]");
+    linear<cpu> l;
+    l.out_features = out;
+    l.in_features = in;
+    l.q.resize(w.size());
+    l.scale.resize(static_cast<std::size_t>(out));
+    for (std::int64_t o = 0; o < out; ++o) {
+      const float* row = w.data() + o * in;
+      float amax = 0.0f;
+      bool finite = true;
+      for (std::int64_t i = 0; i < in; ++i) {
+        finite = finite && std::isfinite(row[i]);
+        amax = std::max(amax, std::fabs(row[i]));
+      }
+      require<FormatError>(finite, "Int8WeightOnly::quantize: row ", o, " holds a value that is not finite");
+      const float s = amax / 127.0f;
+      l.scale[static_cast<std::size_t>(o)] = s;
+      for (std::int64_t i = 0; i < in; ++i) {
+        const float v = s > 0.0f ? std::nearbyint(row[i] / s) : 0.0f;
+        l.q[static_cast<std::size_t>(o * in + i)] = static_cast<std::int8_t>(std::clamp(v, -127.0f, 127.0f));
+      }
+    }
+    return l;
+  }
+
+  /// The weight of `r`: kept as it is when the file holds INT8 with its `weight_scale`, else quantized.
+  /// FormatError for a weight or scale of the wrong shape, NotFoundError for INT8 without its scale.
+  template <class B>
+  static linear<B> load(const LinearRequest& r, cpu = {}) {
+    static_assert(std::is_same_v<B, cpu>, "infer::Int8WeightOnly::load: only the cpu backend is implemented so far");
+    const WeightTensor t = r.checked_weight();
+    const auto n = static_cast<std::size_t>(r.out * r.in);
+    if (t.type != DType::int8) {
+      std::vector<float> w(n);
+      dequantize_to_f32(t, w);
+      return quantize(w, r.out, r.in);
+    }
+    const WeightTensor s = r.require_companion("weight_scale", name);
+    const bool column = s.shape.size() == 1 || (s.shape.size() == 2 && s.shape[1] == 1);
+    if (!column || s.shape[0] != static_cast<std::uint64_t>(r.out))
+      r.wrong_shape(s, detail::cat("[", r.out, "] or [", r.out, ", 1] (one scale per output row)"));
+    linear<B> l;
+    l.out_features = r.out;
+    l.in_features = r.in;
+    l.q.resize(n);
+    require<FormatError>(t.data.size() == n, name, ": tensor '", t.name, "' holds ", t.data.size(), " bytes for ", n,
+                         " int8 values");
+    std::memcpy(l.q.data(), t.data.data(), n);
+    l.scale.resize(static_cast<std::size_t>(r.out));
+    dequantize_to_f32(s, l.scale);
+    return l;
+  }
+
+  /// y[rows][w.out()] = x[rows][w.in()] · (q·s)ᵀ.
+  static void matmul(cpu, const linear<cpu>& w, const float* x, std::int32_t rows, float* y) {
+    const std::int64_t in = w.in(), out = w.out();
+    thread_local std::vector<float> tile, part;
+    for (std::int64_t o0 = 0; o0 < out; o0 += kTileRows) {
+      const std::int64_t n = std::min(kTileRows, out - o0);
+      tile.resize(static_cast<std::size_t>(n * in));
+      for (std::int64_t o = 0; o < n; ++o) {
+        const std::int8_t* q = w.q.data() + (o0 + o) * in;
+        const float s = w.scale[static_cast<std::size_t>(o0 + o)];
+        float* dst = tile.data() + o * in;
+        for (std::int64_t i = 0; i < in; ++i) dst[i] = static_cast<float>(q[i]) * s;
+      }
+      if (n == out) {  // one tile: the GEMM writes y directly
+        kernels::cpu::gemm_xwt(x, tile.data(), y, rows, n, in);
+        return;
+      }
+      part.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(n));
+      kernels::cpu::gemm_xwt(x, tile.data(), part.data(), rows, n, in);
+      for (std::int32_t r = 0; r < rows; ++r)
+        std::memcpy(y + r * out + o0, part.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(n),
+                    static_cast<std::size_t>(n) * sizeof(float));
+    }
+  }
+};
+
+static_assert(Quantizer<Int8WeightOnly, cpu>);
+static_assert(RoleQuantizer<Int8WeightOnly, cpu>);
+
+}  // namespace infer
