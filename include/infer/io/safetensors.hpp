@@ -11,8 +11,9 @@
 /// Every structural property a later reader would rely on is checked here, once, so that a tensor's
 /// span is always inside the file and exactly as long as its shape says: a malformed file throws
 /// FormatError naming the file, the tensor and the offending numbers; a well-formed file using a
-/// dtype this library does not load (I32, F64, F8_E4M3, ...) throws UnsupportedError. I8 loads (an INT8
-/// checkpoint's weights); decoding it needs its scale, which only a Quantizer that loads by role reads.
+/// dtype this library does not load (I32, F64, F8_E5M2, ...) throws UnsupportedError. I8 and F8_E4M3 load
+/// (INT8 and FP8 checkpoints' weights); decoding them needs their scales, which only a Quantizer that loads
+/// by role reads.
 
 #include <algorithm>
 #include <bit>
@@ -74,7 +75,8 @@ inline std::optional<DType> parse_dtype(std::string_view s) {
   if (s == "F32") return DType::f32;
   if (s == "F16") return DType::f16;
   if (s == "BF16") return DType::bf16;
-  if (s == "I8") return DType::int8;  // INT8 checkpoints' weights, read with their scales (Int8WeightOnly)
+  if (s == "I8") return DType::int8;         // INT8 checkpoints' weights, read with their scales (Int8WeightOnly)
+  if (s == "F8_E4M3") return DType::fp8_e4m3;  // FP8 checkpoints' weights, read with their scales (Fp8)
   return std::nullopt;
 }
 
@@ -115,7 +117,7 @@ inline Tensor parse_entry(const std::string& file, const std::string& name, cons
   auto dt = parse_dtype(dtype_name);
   if (!dt)
     throw UnsupportedError(cat(file, ": tensor '", name, "' has dtype ", dtype_name,
-                               ", which infer does not load (supported: F32, F16, BF16, I8)"));
+                               ", which infer does not load (supported: F32, F16, BF16, I8, F8_E4M3)"));
   t.dtype = *dt;
 
   const auto& shape = field("shape");

@@ -10,8 +10,8 @@
 /// dummy) is quantized at build by round-to-nearest: s = max|w_row| / 127 and q = round(w / s), within
 /// [-127, 127] (the symmetric range: -q is always representable). A row of zeros has s = 0 and q = 0.
 ///
-/// matmul dequantizes kTileRows rows at a time into f32 and multiplies the tile through the CPU GEMM, so it
-/// computes exactly x · (q·s)ᵀ in f32 without ever holding the whole f32 matrix.
+/// matmul dequantizes a tile of rows at a time into f32 and multiplies it through the CPU GEMM
+/// (quant/tiled_gemm.hpp), so it computes exactly x · (q·s)ᵀ in f32 without ever holding the f32 matrix.
 
 #include <algorithm>
 #include <cmath>
@@ -27,6 +27,7 @@
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/quant/f32.hpp"
 #include "infer/quant/linear_request.hpp"
+#include "infer/quant/tiled_gemm.hpp"
 
 namespace infer {
 
@@ -56,7 +57,6 @@ struct Int8Linear<cpu> {
 
 struct Int8WeightOnly {
   static constexpr std::string_view name = "int8-weight-only";
-  static constexpr std::int64_t kTileRows = 256;  ///< rows dequantized per GEMM in matmul
 
   template <class B>
   using linear = detail::Int8Linear<B>;
@@ -119,27 +119,14 @@ struct Int8WeightOnly {
 
   /// y[rows][w.out()] = x[rows][w.in()] · (q·s)ᵀ.
   static void matmul(cpu, const linear<cpu>& w, const float* x, std::int32_t rows, float* y) {
-    const std::int64_t in = w.in(), out = w.out();
-    thread_local std::vector<float> tile, part;
-    for (std::int64_t o0 = 0; o0 < out; o0 += kTileRows) {
-      const std::int64_t n = std::min(kTileRows, out - o0);
-      tile.resize(static_cast<std::size_t>(n * in));
+    const std::int64_t in = w.in();
+    detail::tiled_gemm_xwt(x, rows, w.out(), in, y, [&](std::int64_t o0, std::int64_t n, float* tile) {
       for (std::int64_t o = 0; o < n; ++o) {
         const std::int8_t* q = w.q.data() + (o0 + o) * in;
         const float s = w.scale[static_cast<std::size_t>(o0 + o)];
-        float* dst = tile.data() + o * in;
-        for (std::int64_t i = 0; i < in; ++i) dst[i] = static_cast<float>(q[i]) * s;
+        for (std::int64_t i = 0; i < in; ++i) tile[o * in + i] = static_cast<float>(q[i]) * s;
       }
-      if (n == out) {  // one tile: the GEMM writes y directly
-        kernels::cpu::gemm_xwt(x, tile.data(), y, rows, n, in);
-        return;
-      }
-      part.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(n));
-      kernels::cpu::gemm_xwt(x, tile.data(), part.data(), rows, n, in);
-      for (std::int32_t r = 0; r < rows; ++r)
-        std::memcpy(y + r * out + o0, part.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(n),
-                    static_cast<std::size_t>(n) * sizeof(float));
-    }
+    });
   }
 };
 

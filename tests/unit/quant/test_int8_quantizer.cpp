@@ -16,7 +16,7 @@
 #include "infer/model/llama.hpp"
 #include "infer/quant/int8_weight_only.hpp"
 #include "support/fixtures.hpp"
-#include "support/safetensors_writer.hpp"
+#include "support/tiny_checkpoint.hpp"
 #include "unit/engine/engine_test_support.hpp"
 
 using namespace infer;
@@ -41,41 +41,6 @@ std::vector<float> random_matrix(std::int64_t out, std::int64_t in, std::uint32_
   return w;
 }
 
-/// A copy of the tiny Llama fixture's folder whose linear layers are given by `linear(name, f32 values,
-/// out, in)` (returning the entries to write for that weight); every other tensor as f32.
-template <class F>
-std::filesystem::path rewrite_tiny_llama(const std::string& dir_name, F&& linear) {
-  const ModelSource src = ModelSource::open(fixture("tiny_llama"));
-  const ModelConfig& c = src.config();
-  const auto dir = std::filesystem::temp_directory_path() / dir_name;
-  std::filesystem::create_directories(dir);
-  std::filesystem::copy_file(fixture("tiny_llama") / "config.json", dir / "config.json",
-                             std::filesystem::copy_options::overwrite_existing);
-  std::vector<SafetensorsEntry> entries;
-  auto add = [&](const std::string& role, bool is_linear) {
-    const WeightTensor t = src.get(role);
-    std::vector<float> v(static_cast<std::size_t>(t.elements()));
-    dequantize_to_f32(t, v);
-    const std::string name = src.file_name(role);
-    if (is_linear) {
-      for (auto& e : linear(name, v, static_cast<std::int64_t>(t.shape[0]), static_cast<std::int64_t>(t.shape[1])))
-        entries.push_back(std::move(e));
-    } else {
-      entries.push_back(SafetensorsEntry::of<float>(name, "F32", t.shape, v));
-    }
-  };
-  add("token_embd", false);
-  add("output_norm", false);
-  add("output", true);
-  for (std::int64_t i = 0; i < c.num_layers; ++i) {
-    const auto role = [&](const char* n) { return detail::cat("blk.", i, ".", n); };
-    for (const char* n : {"attn_norm", "ffn_norm"}) add(role(n), false);
-    for (const char* n : {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) add(role(n), true);
-  }
-  write_safetensors(dir / "model.safetensors", entries);
-  return dir;
-}
-
 /// The INT8 checkpoint layout of a weight: I8 [out, in] and an f32 weight_scale [out, 1].
 std::vector<SafetensorsEntry> int8_entries(const std::string& name, const std::vector<float>& w, std::int64_t out,
                                            std::int64_t in) {
@@ -94,24 +59,6 @@ std::vector<SafetensorsEntry> dequantized_entries(const std::string& name, const
   for (std::int64_t o = 0; o < out; ++o)
     for (std::int64_t i = 0; i < in; ++i) d[static_cast<std::size_t>(o * in + i)] = q.value(o, i);
   return {SafetensorsEntry::of<float>(name, "F32", {static_cast<std::uint64_t>(out), static_cast<std::uint64_t>(in)}, d)};
-}
-
-template <class Q>
-std::vector<float> prompt_logits(const std::filesystem::path& model, const Tokens& prompt) {
-  auto m = LlamaModel<cpu, Q, PagedAttention<>>::load(ModelSource::open(model));
-  const ModelConfig& c = m.config();
-  KvCache<cpu> cache(static_cast<std::int32_t>(c.num_layers), 8, 16, static_cast<std::int32_t>(c.num_kv_heads),
-                     static_cast<std::int32_t>(c.head_dim));
-  const Tokens table = {0, 1, 2, 3, 4, 5, 6, 7};
-  std::vector<ForwardChunk> chunks;
-  for (std::size_t i = 0; i < prompt.size(); ++i)  // every position samples: the logits of the whole prompt
-    chunks.push_back(ForwardChunk{std::span(&prompt[i], 1), static_cast<std::int32_t>(i), table, true});
-  std::vector<float> all, step;
-  for (const auto& chunk : chunks) {
-    m.forward(std::span(&chunk, 1), cache, step);
-    all.insert(all.end(), step.begin(), step.end());
-  }
-  return all;
 }
 
 }  // namespace
@@ -146,7 +93,7 @@ TEST_CASE("Int8WeightOnly::quantize: one scale per row, every weight within half
 
 TEST_CASE("Int8WeightOnly::matmul is x · (q·s)ᵀ for any rows and a width that is not a multiple of its tile",
           "[quant][int8]") {
-  const std::int64_t out = Int8WeightOnly::kTileRows * 2 + 45, in = 96;
+  const std::int64_t out = detail::kDecodeTileRows * 2 + 45, in = 96;
   const auto q = Int8WeightOnly::quantize(random_matrix(out, in, 9), out, in);
   std::vector<float> dense(static_cast<std::size_t>(out * in));
   for (std::int64_t o = 0; o < out; ++o)

@@ -1,0 +1,148 @@
+#pragma once
+/// \file
+/// `infer::Fp8`: W8A8 in FP8 E4M3 — weights and activations both e4m3, scaled, multiplied with f32
+/// accumulation. This is its CPU implementation: the reference a GPU FP8 GEMM (cuBLASLt, per-row and
+/// per-column scales) is checked against.
+///
+/// Weights: e4m3 values q with one f32 scale s per output row, w ≈ q · s. It loads by role
+/// (RoleQuantizer), so an FP8 checkpoint as vLLM and ModelOpt publish it loads as it is: `weight` F8_E4M3
+/// [out, in] with `weight_scale` either one value (per-tensor: every row gets it) or [out] / [out, 1]
+/// (per-channel). Any other weight is quantized at load, per channel: s = max|w_row| / 448, q = e4m3(w / s).
+/// Activations: dynamic, per token: each input row x is scaled by s_x = max|x| / 448 and rounded to e4m3
+/// before the product (a checkpoint's static `input_scale` is therefore not needed, and not read).
+/// matmul computes y[r][o] = Σ_i (q_x[r][i] · s_x[r]) · (q[o][i] · s[o]) in f32.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "infer/concepts.hpp"
+#include "infer/core/backend.hpp"
+#include "infer/core/error.hpp"
+#include "infer/core/fp8.hpp"
+#include "infer/kernels/cpu_ops.hpp"
+#include "infer/quant/f32.hpp"
+#include "infer/quant/linear_request.hpp"
+#include "infer/quant/tiled_gemm.hpp"
+
+namespace infer {
+
+namespace detail {
+
+/// Left undefined for backends not implemented yet, so `Quantizer<Fp8, cuda>` is false.
+template <class B>
+struct Fp8Linear;
+
+/// e4m3 codes [out][in] row-major, and one scale per output row.
+template <>
+struct Fp8Linear<cpu> {
+  std::vector<std::uint8_t> q;
+  std::vector<float> scale;
+  std::int64_t out_features = 0;
+  std::int64_t in_features = 0;
+
+  [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
+  [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
+  /// w[o][i] as the matmul uses it: e4m3(q) · s, in f32.
+  [[nodiscard]] float value(std::int64_t o, std::int64_t i) const noexcept {
+    return e4m3_to_f32(q[static_cast<std::size_t>(o * in_features + i)]) * scale[static_cast<std::size_t>(o)];
+  }
+};
+
+}  // namespace detail
+
+struct Fp8 {
+  static constexpr std::string_view name = "fp8";
+
+  template <class B>
+  using linear = detail::Fp8Linear<B>;
+
+  /// One row (or token) to e4m3 with its scale max|v| / 448 (0 for a row of zeros): codes into `q`,
+  /// the scale returned. FormatError for a value that is not finite.
+  static float quantize_row(std::span<const float> v, std::uint8_t* q) {
+    float amax = 0.0f;
+    bool finite = true;
+    for (float x : v) {
+      finite = finite && std::isfinite(x);
+      amax = std::max(amax, std::fabs(x));
+    }
+    require<FormatError>(finite, "Fp8: a value that is not finite cannot be scaled to e4m3");
+    const float s = amax / kE4m3Max;
+    for (std::size_t i = 0; i < v.size(); ++i) q[i] = s > 0.0f ? f32_to_e4m3(v[i] / s) : 0;
+    return s;
+  }
+
+  /// Per-channel quantization of an f32 [out][in] matrix (what load does for a weight that is not FP8).
+  static linear<cpu> quantize(std::span<const float> w, std::int64_t out, std::int64_t in) {
+    require<InvalidArgument>(w.size() == static_cast<std::size_t>(out * in), "Fp8::quantize: ", w.size(),
+                             " values for [", out, ", ", in, "]");
+    linear<cpu> l;
+    l.out_features = out;
+    l.in_features = in;
+    l.q.resize(w.size());
+    l.scale.resize(static_cast<std::size_t>(out));
+    for (std::int64_t o = 0; o < out; ++o)
+      l.scale[static_cast<std::size_t>(o)] =
+          quantize_row(w.subspan(static_cast<std::size_t>(o * in), static_cast<std::size_t>(in)), l.q.data() + o * in);
+    return l;
+  }
+
+  /// The weight of `r`: kept as it is when the file holds F8_E4M3 with its `weight_scale`, else quantized.
+  /// FormatError for a weight or scale of the wrong shape, NotFoundError for FP8 without its scale.
+  template <class B>
+  static linear<B> load(const LinearRequest& r, cpu = {}) {
+    static_assert(std::is_same_v<B, cpu>, "infer::Fp8::load: only the cpu backend is implemented so far");
+    const WeightTensor t = r.checked_weight();
+    const auto n = static_cast<std::size_t>(r.out * r.in);
+    if (t.type != DType::fp8_e4m3) {
+      std::vector<float> w(n);
+      dequantize_to_f32(t, w);
+      return quantize(w, r.out, r.in);
+    }
+    const WeightTensor s = r.require_companion("weight_scale", name);
+    const std::uint64_t count = s.elements();
+    const bool per_tensor = count == 1 && s.shape.size() <= 2;
+    const bool per_channel = (s.shape.size() == 1 || (s.shape.size() == 2 && s.shape[1] == 1)) &&
+                             s.shape[0] == static_cast<std::uint64_t>(r.out);
+    if (!per_tensor && !per_channel)
+      r.wrong_shape(s, detail::cat("one value (per tensor), or [", r.out, "] or [", r.out, ", 1] (per output row)"));
+    std::vector<float> scales(static_cast<std::size_t>(count));
+    dequantize_to_f32(s, scales);
+    linear<B> l;
+    l.out_features = r.out;
+    l.in_features = r.in;
+    l.q.resize(n);
+    std::memcpy(l.q.data(), t.data.data(), n);
+    l.scale = per_channel ? std::move(scales) : std::vector<float>(static_cast<std::size_t>(r.out), scales[0]);
+    return l;
+  }
+
+  /// y[rows][w.out()] = e4m3(x)·s_x · (e4m3(w)·s_w)ᵀ, each row of x quantized with its own scale.
+  static void matmul(cpu, const linear<cpu>& w, const float* x, std::int32_t rows, float* y) {
+    const std::int64_t in = w.in();
+    thread_local std::vector<float> xq;
+    thread_local std::vector<std::uint8_t> codes;
+    xq.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(in));
+    codes.resize(static_cast<std::size_t>(in));
+    for (std::int32_t r = 0; r < rows; ++r) {
+      const float s = quantize_row(std::span(x + static_cast<std::size_t>(r) * static_cast<std::size_t>(in),
+                                             static_cast<std::size_t>(in)),
+                                   codes.data());
+      float* dst = xq.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(in);
+      for (std::int64_t i = 0; i < in; ++i) dst[i] = e4m3_to_f32(codes[static_cast<std::size_t>(i)]) * s;
+    }
+    detail::tiled_gemm_xwt(xq.data(), rows, w.out(), in, y, [&](std::int64_t o0, std::int64_t n, float* tile) {
+      for (std::int64_t o = 0; o < n; ++o)
+        for (std::int64_t i = 0; i < in; ++i) tile[o * in + i] = w.value(o0 + o, i);
+    });
+  }
+};
+
+static_assert(Quantizer<Fp8, cpu>);
+static_assert(RoleQuantizer<Fp8, cpu>);
+
+}  // namespace infer
