@@ -8,7 +8,7 @@
 #                                engines and infer::LLM on SmolLM2; ~5 min, nearly all of it the CPU reference's
 #                                replay, ~85 s per nine prompts)
 #   bench/gpu_suite.sh reference ["T.."]  the [cuda] engine tests' CPU reference (replay_greedy of nine SmolLM2
-#                                prompts) timed at OpenBLAS thread counts T (default: all cores, 8, 4)
+#                                prompts) timed at OpenBLAS thread counts T (default: the quota or the cores, 8, 4)
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
 #                                for the fixed seeds), each run's log in $OUT/cuda-tests-seed-N.log;
 #                                PART=ops|engines|smollm2 in the environment picks one part
@@ -37,15 +37,16 @@
 # The default model must be at models/SmolLM2-135M-Instruct.Q4_1.gguf (on the device machine: staged with
 # ../shared/device/stage.sh and linked there). INFER_COMMIT names the commit in every JSON record.
 #
-# A 30-minute device session, as measured on 2026-12-05 (machine start ~1.5 min; a machine idle for 30 s is
-# given back with everything on it, so issue each call as soon as the last returns):
+# A 30-minute device session (machine start ~1.5 min; a machine idle for 30 s is given back with everything
+# on it, so issue each call as soon as the last returns):
 #   1-2. the model's two parts (stage.sh), each a call of under a second;
-#   3.   `build` (~6 min: 358 s with test_cuda) then `test ops` in the same call, carrying .deps;
-#   4.   `test engines` and `test smollm2` (~6.5 min);
-#   5+.  benchmarks: `engines` (~1 min), `connections` (~1 min), `router`, `serve`, `bench`.
-# Every call: `source .deps/unpack.sh && mkdir -p models && ln -sf /root/stage/<model> models/ && ...`, with
-# OUT=$OUT so the logs and JSON come back. A phase longer than a call runs detached with bench/device_job.sh
-# (`start build bash bench/gpu_suite.sh build`, then `wait build 540` in this call and the next).
+#   3.   carrying .deps: `source .deps/unpack.sh && mkdir -p models && ln -sf /root/stage/<model> models/ &&
+#        export INFER_COMMIT=<sha> SESSION_OUT=/root/out && bench/device_job.sh start session bash
+#        bench/gpu_session.sh build reference test engines router "seeds 1 2" && bench/device_job.sh wait session
+#        560 /root/out` (the phases run detached, one log each in /root/out, copied to the call's $OUT);
+#   4+.  `bench/device_job.sh wait session 560 /root/out` until it ends.
+# Measured on 2026-12-05 at 5933470: `build` 358 s; the [cuda] suite ~8 min (before ReferenceMemo and the
+# threaded perturbation, which should shorten it: not yet measured), `engines` ~1 min, `connections` ~1 min.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${BUILD:-build-gpu}
@@ -58,6 +59,12 @@ test_filter() {  # the Catch filter of a test PART
     *) echo "gpu_suite.sh: unknown test part '$1' (all, ops, engines, smollm2)" >&2; exit 2 ;;
   esac
 }
+# OpenBLAS sizes its thread pool by the CPUs it sees, not by a container's CPU quota: under a 16-CPU quota on a
+# bigger host, the [cuda] tests' CPU reference would run dozens of threads on 16 CPUs' worth of time (on
+# 2026-12-05 it ran slower on the GPU machine than on a 2-core one). Cap it at the quota when there is one.
+if [ -z "${OPENBLAS_NUM_THREADS:-}" ] && read -r quota period </sys/fs/cgroup/cpu.max 2>/dev/null && [ "$quota" != max ]; then
+  export OPENBLAS_NUM_THREADS=$(((quota + period - 1) / period))
+fi
 out=${OUT:-bench/results/gpu}
 mkdir -p "$out"
 bin=$build/bin
@@ -93,14 +100,15 @@ case "${1:-}" in
       cmake --build "$build" -j"$(nproc)" --target test_cuda test_rounding_noise infer-bench-latency \
         infer-bench-throughput infer-serve infer-bench-serve infer-offline-batch infer-generate || exit 1
     # The CPU reference (the [cuda] tests' replays) runs on this BLAS: which library, how many threads.
-    echo "cores: $(nproc); BLAS: $(ldd "$build"/tests/test_cuda | grep -iE 'blas|lapack' | tr -s ' \t' ' ' | tr '\n' ';')"
+    echo "cores: $(nproc) (affinity), $(nproc --all) (all); cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none); OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-unset}"
+    echo "BLAS: $(ldd "$build"/tests/test_cuda | grep -iE 'blas|lapack' | tr -s ' \t' ' ' | tr '\n' ';')"
     ;;
   test)
     filter=$(test_filter "${2:-all}") || exit 2
     run "$build"/tests/test_cuda --durations yes "$filter"
     ;;
   reference)  # the CPU reference's time (most of the [cuda] suite's) at several OpenBLAS thread counts
-    for threads in ${2:-$(nproc) 8 4}; do
+    for threads in ${2:-${OPENBLAS_NUM_THREADS:-$(nproc)} 8 4}; do
       OPENBLAS_NUM_THREADS=$threads run "$build"/tests/test_rounding_noise "[.bench]"
     done
     ;;

@@ -5,7 +5,7 @@
 //                                                          {"prompt": "..."} / {"messages": [{"role", "content"}]},
 //                                                          each with optional "priority" (int) and "tag" (string)
 //   infer-generate --dummy llama3-8b --tokenizer MODEL ... a model shape with random weights, another's tokenizer
-// --backend cpu|cuda|auto, --engine paged|static, --block-size 8|16|32 and --quantizer auto|bf16|int8 choose the
+// --backend cpu|cuda|auto, --engine paged|static, --block-size 8|16|32 and --quantizer auto|bf16|int8|fp8|int4 choose the
 // compiled engine (engine_registry.hpp); --backend cuda on a machine without a GPU exits 2. --json prints one
 // document with every request's tokens, text, finish reason and timings, the run's summary and KV statistics.
 // --trace FILE writes every engine step (the plan, admissions, preemptions, blocks) as a JSON line.
@@ -113,8 +113,8 @@ int main(int argc, char** argv) {
   sp.max_tokens = 64;
   std::optional<std::uint64_t> seed;
   infer::programs::add_model_flags(app, spec);
-  app.add_option("--quantizer", opt.quantizer, "cuda: auto (GGUF blocks used in place) or bf16; cpu: auto (f32) or int8 (per-channel INT8 weights, W8A16)")
-      ->check(CLI::IsMember({"auto", "bf16", "int8"}));
+  app.add_option("--quantizer", opt.quantizer, "cuda: auto (GGUF blocks used in place) or bf16; cpu: auto (f32), int8 (W8A16 per channel), fp8 (W8A8 e4m3) or int4 (W4A16, groups of 128)")
+      ->check(CLI::IsMember({"auto", "bf16", "int8", "fp8", "int4"}));
   app.add_option("--gpu-memory-utilization", opt.engine_options.gpu_memory_utilization,
                  "cuda: fraction of the device this engine may use (weights, activations, KV cache)")
       ->check(CLI::Range(0.01, 1.0));

@@ -34,6 +34,7 @@
 #include "infer/quant/f32.hpp"
 #include "infer/quant/fp8.hpp"
 #include "infer/quant/gguf_blocks.hpp"
+#include "infer/quant/int4.hpp"
 #include "infer/quant/int8_weight_only.hpp"
 #include "infer/quant/linear_request.hpp"
 

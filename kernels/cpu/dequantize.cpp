@@ -69,7 +69,7 @@ void dequantize_plain(const std::byte* src, float* dst, std::size_t n, std::size
 }  // namespace
 
 void dequantize(DType type, std::span<const std::byte> src, std::span<float> dst) {
-  if (type == DType::fp8_e4m3 || type == DType::int8)
+  if (type == DType::fp8_e4m3 || type == DType::int8 || type == DType::int32)
     throw UnsupportedError(detail::cat("dequantize: type ", name(type),
                                        " has no scale of its own; load it with a quantizer that reads its scale (e.g. int8-weight-only)"));
   const DTypeInfo ti = info(type);
@@ -114,7 +114,8 @@ void dequantize(DType type, std::span<const std::byte> src, std::span<float> dst
     case DType::iq4_nl: return dequantize_blocks<quant::BlockIQ4NL>(s, d, n_blocks);
     case DType::iq4_xs: return dequantize_blocks<quant::BlockIQ4XS>(s, d, n_blocks);
     case DType::fp8_e4m3:
-    case DType::int8: break;  // rejected above
+    case DType::int8:
+    case DType::int32: break;  // rejected above
   }
   throw UnsupportedError(detail::cat("dequantize: unknown type id ", static_cast<int>(type)));
 }

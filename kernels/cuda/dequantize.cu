@@ -99,7 +99,8 @@ void launch_plain(const void* src, Out* dst, std::size_t elems, cudaStream_t str
 
 std::size_t source_alignment(DType type) {
   switch (type) {
-    case DType::f32: return 4;
+    case DType::f32:
+    case DType::int32: return 4;
     case DType::int8:
     case DType::fp8_e4m3: return 1;
     default: return 2;  // f16/bf16 and every block (their f16 fields)
@@ -109,7 +110,7 @@ std::size_t source_alignment(DType type) {
 template <class Out>
 void run(DType type, const void* src, Out* dst, std::size_t elems, void* stream_ptr, const char* out_name) {
   const DTypeInfo ti = info(type);
-  if (type == DType::fp8_e4m3 || type == DType::int8)
+  if (type == DType::fp8_e4m3 || type == DType::int8 || type == DType::int32)
     throw UnsupportedError(detail::cat("cuda::dequantize: type ", ti.name,
                                        " has no scale of its own; dequantize it through its quantizer"));
   if (elems % ti.block_elems != 0)
@@ -138,7 +139,8 @@ void run(DType type, const void* src, Out* dst, std::size_t elems, void* stream_
     case DType::iq4_nl: launch_blocks<quant::BlockIQ4NL>(src, dst, elems, stream); break;
     case DType::iq4_xs: launch_blocks<quant::BlockIQ4XS>(src, dst, elems, stream); break;
     case DType::fp8_e4m3:
-    case DType::int8: break;
+    case DType::int8:
+    case DType::int32: break;
   }
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)

@@ -25,7 +25,7 @@ constexpr Shape kSmall{.max_batch = 4, .max_input = 96, .max_output = 48};
 using SmallStatic = StaticEngine<cuda, kSmall>;
 }  // namespace
 
-TEST_CASE("StaticEngine<cuda> on dummy models: every greedy token the CPU reference's or a near-tie; slots refill",
+TEST_CASE("StaticEngine<cuda> on dummy models: every greedy token the CPU reference's or a near-tie, slots refilled",
           "[cuda][engine][static]") {
   std::mt19937 rng(test_seed("static engine on dummy models"));
   for (const ModelConfig& config : {small_llama(), small_qwen2()}) {

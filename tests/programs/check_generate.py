@@ -135,17 +135,22 @@ if doc.get("backend") == "cpu":  # no GPU here: cuda must be refused with a mess
 r = run("x", "--quantizer", "bf16")
 check(r.returncode == 1 and "cuda backend option" in r.stderr, f"bf16 on the cpu: {r.stderr!r}")
 
-# per-channel INT8 weights (Int8WeightOnly), quantized at load: both engines run the main job with it; how
-# many greedy tokens agree with HF's (f32) is printed, not required (INT8 rounding may move a near-tie)
-for engine in ("paged", "static"):
-    r = run(*prompts, "--quantizer", "int8", "--engine", engine, "--temperature", "0", "--ignore-eos",
+# the CPU quantizers, quantized at load (int8: W8A16 per channel; fp8: W8A8 e4m3; int4: W4A16 in groups): the
+# main job runs with each; how many greedy tokens agree with HF's (f32) is printed, not required (their rounding
+# may move a near-tie)
+def quantized_run(quantizer, engine="paged"):
+    r = run(*prompts, "--quantizer", quantizer, "--engine", engine, "--temperature", "0", "--ignore-eos",
             "--max-tokens", str(n), "--json")
-    check(r.returncode == 0, f"int8, {engine}: exit 0 ({r.stderr[-300:]!r})")
+    check(r.returncode == 0, f"{quantizer}, {engine}: exit 0 ({r.stderr[-300:]!r})")
     if r.returncode == 0:
         outs = [res["outputs"][0]["token_ids"] for res in json.loads(r.stdout)["results"]]
-        check(all(len(o) == n for o in outs), f"int8, {engine}: {n} tokens per prompt")
+        check(all(len(o) == n for o in outs), f"{quantizer}, {engine}: {n} tokens per prompt")
         agree = sum(next((i for i, (a, b) in enumerate(zip(o, c["greedy_ids"])) if a != b), n) for o, c in zip(outs, cases))
-        print(f"int8 ({engine}): {agree} of {n * len(cases)} greedy tokens before the first divergence from HF's")
+        print(f"{quantizer} ({engine}): {agree} of {n * len(cases)} greedy tokens before the first divergence from HF's")
+quantized_run("int8", "paged")
+quantized_run("int8", "static")
+quantized_run("fp8")
+quantized_run("int4")
 r = run("x", "--quantizer", "int8", "--block-size", "8")
 check(r.returncode == 1 and "block_size 16" in r.stderr, f"int8 with block size 8: {r.stderr!r}")
 

@@ -6,22 +6,41 @@
 /// calls (no spinning against OpenBLAS's threads). `parallel_for` splits [0, n) into fixed chunks, so what
 /// a chunk computes never depends on how many threads there are.
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <fstream>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 namespace infer::test {
 
+/// The CPUs this process may use: those of its affinity mask, capped by a cgroup v2 CPU quota
+/// (/sys/fs/cgroup/cpu.max, "quota period"). A container with a quota of 16 CPUs over a larger host sees all
+/// of the host's CPUs; sizing a pool by those would put dozens of threads on 16 CPUs' worth of time.
+inline unsigned usable_cpus() {
+  cpu_set_t set;
+  unsigned n = sched_getaffinity(0, sizeof set, &set) == 0 ? static_cast<unsigned>(CPU_COUNT(&set))
+                                                           : std::thread::hardware_concurrency();
+  std::ifstream f("/sys/fs/cgroup/cpu.max");
+  std::string quota;
+  long long period = 0;
+  if (f >> quota >> period && quota != "max" && period > 0)
+    n = std::min<unsigned>(n, static_cast<unsigned>(std::max(1LL, (std::stoll(quota) + period - 1) / period)));
+  return std::max(1u, n);
+}
+
 class WorkerPool {
  public:
-  /// One pool per process, with one worker fewer than the machine's hardware threads (the caller works too).
+  /// One pool per process, with one worker fewer than the usable CPUs (the caller works too).
   static WorkerPool& instance() {
-    static WorkerPool pool(std::max(1u, std::thread::hardware_concurrency()) - 1);
+    static WorkerPool pool(usable_cpus() - 1);
     return pool;
   }
 

@@ -27,6 +27,7 @@ enum class DType : std::uint8_t {
   q6_k,  ///< 256 values: 128 bytes low 4 bits, 64 bytes high 2 bits, 16 int8 scales, f16 d
   iq4_nl,  ///< 32 values: f16 scale + 16 bytes of 4-bit indices into 16 fixed non-uniform levels
   iq4_xs,  ///< 256 values: f16 d, 6-bit sub-block scales (2 + 4 bytes), 128 bytes of iq4_nl indices
+  int32,   ///< packed codes and indices of AWQ/GPTQ checkpoints (qweight, qzeros, g_idx): read by their quantizer
 };
 
 struct DTypeInfo {
@@ -53,6 +54,7 @@ constexpr DTypeInfo info(DType t) noexcept {
     case DType::q6_k: return {"q6_k", 256, 210, true};
     case DType::iq4_nl: return {"iq4_nl", 32, 18, true};
     case DType::iq4_xs: return {"iq4_xs", 256, 136, true};
+    case DType::int32: return {"int32", 1, 4, false};
   }
   return {"?", 1, 0, false};
 }

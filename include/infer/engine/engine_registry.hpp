@@ -9,10 +9,10 @@
 ///
 /// | backend | engine   | compiled                                                              |
 /// | ------- | -------- | --------------------------------------------------------------------- |
-/// | cpu     | paged    | PagedEngine<cpu, 8 / 16 / 32> (F32); int8: PagedEngine<cpu, 16>       |
-/// |         |          | with Int8WeightOnly                                                   |
+/// | cpu     | paged    | PagedEngine<cpu, 8 / 16 / 32> (F32); int8, fp8, int4: PagedEngine<cpu,|
+/// |         |          | 16> with Int8WeightOnly, Fp8, Int4                                    |
 /// | cpu     | static   | StaticEngine<cpu, kShapeAtRuntime> (the shape in EngineOptions), F32  |
-/// |         |          | or Int8WeightOnly                                                     |
+/// |         |          | or Int8WeightOnly, Fp8, Int4                                          |
 /// | cuda    | paged    | PagedEngine<cuda, 16>, quantizer auto (GgufInPlace) or bf16 (Bf16)    |
 /// | cuda    | static   | StaticEngine<cuda, kShapeAtRuntime>, quantizer auto or bf16           |
 ///
@@ -198,10 +198,12 @@ inline void check_engine_choice(std::string_view backend, const LlmOptions& opti
   using detail::cat;
   if (options.engine != "paged" && options.engine != "static")
     throw InvalidArgument(cat("engine '", options.engine, "' is unknown; choose paged or static"));
-  if (options.quantizer != "auto" && options.quantizer != "bf16" && options.quantizer != "int8")
-    throw InvalidArgument(cat("quantizer '", options.quantizer, "' is unknown; choose auto, bf16 or int8"));
-  if (backend == "cuda" && options.quantizer == "int8")
-    throw InvalidArgument("quantizer int8 runs on the cpu backend only so far (its GPU kernels are not written yet)");
+  const bool cpu_only = options.quantizer == "int8" || options.quantizer == "fp8" || options.quantizer == "int4";
+  if (options.quantizer != "auto" && options.quantizer != "bf16" && !cpu_only)
+    throw InvalidArgument(cat("quantizer '", options.quantizer, "' is unknown; choose auto, bf16, int8, fp8 or int4"));
+  if (backend == "cuda" && cpu_only)
+    throw InvalidArgument(cat("quantizer ", options.quantizer,
+                              " runs on the cpu backend only so far (its GPU kernels are not written yet)"));
   if (options.engine != "paged") return;
   if (backend == "cuda") {
     // One block size on CUDA: each engine instance adds minutes to the build, and 16 is what the kernels
@@ -214,8 +216,8 @@ inline void check_engine_choice(std::string_view backend, const LlmOptions& opti
   }
   if (backend != "cuda" && options.quantizer == "bf16")
     throw InvalidArgument("quantizer bf16 is a cuda backend option; the cpu backend computes in f32");
-  if (options.quantizer == "int8" && options.block_size != 16)
-    throw InvalidArgument(cat("quantizer int8 runs the paged engine with block_size 16 (asked: block_size ",
+  if (cpu_only && options.block_size != 16)
+    throw InvalidArgument(cat("quantizer ", options.quantizer, " runs the paged engine with block_size 16 (asked: block_size ",
                               options.block_size, ")"));
 }
 
@@ -239,6 +241,12 @@ decltype(auto) with_engine_type(std::string_view backend, const LlmOptions& opti
   if (options.quantizer == "int8")
     return paged ? body.template operator()<PagedEngine<cpu, 16, Int8WeightOnly>>()
                  : body.template operator()<StaticEngine<cpu, kShapeAtRuntime, Int8WeightOnly>>();
+  if (options.quantizer == "fp8")
+    return paged ? body.template operator()<PagedEngine<cpu, 16, Fp8>>()
+                 : body.template operator()<StaticEngine<cpu, kShapeAtRuntime, Fp8>>();
+  if (options.quantizer == "int4")
+    return paged ? body.template operator()<PagedEngine<cpu, 16, Int4>>()
+                 : body.template operator()<StaticEngine<cpu, kShapeAtRuntime, Int4>>();
   if (!paged) return body.template operator()<StaticEngine<cpu, kShapeAtRuntime>>();
   if (options.block_size == 8) return body.template operator()<PagedEngine<cpu, 8>>();
   if (options.block_size == 32) return body.template operator()<PagedEngine<cpu, 32>>();
@@ -280,6 +288,12 @@ extern template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
 extern template class Engine<cpu, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Int8WeightOnly>;
 extern template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
                              StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Int8WeightOnly>;
+extern template class Engine<cpu, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Fp8>;
+extern template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
+                             StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Fp8>;
+extern template class Engine<cpu, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Int4>;
+extern template class Engine<cpu, llama, ContiguousAllocator<kShapeAtRuntime>,
+                             StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Int4>;
 #if defined(INFER_HAVE_CUDA)
 extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, GgufInPlace>;
 extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Bf16>;

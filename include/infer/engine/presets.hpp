@@ -22,6 +22,8 @@
 #include "infer/quant/bf16.hpp"
 #include "infer/quant/f32.hpp"
 #include "infer/quant/gguf_in_place.hpp"
+#include "infer/quant/fp8.hpp"
+#include "infer/quant/int4.hpp"
 #include "infer/quant/int8_weight_only.hpp"
 #include "infer/sched/continuous_batch.hpp"
 #include "infer/sched/static_batch.hpp"

@@ -11,9 +11,9 @@
 /// Every structural property a later reader would rely on is checked here, once, so that a tensor's
 /// span is always inside the file and exactly as long as its shape says: a malformed file throws
 /// FormatError naming the file, the tensor and the offending numbers; a well-formed file using a
-/// dtype this library does not load (I32, F64, F8_E5M2, ...) throws UnsupportedError. I8 and F8_E4M3 load
-/// (INT8 and FP8 checkpoints' weights); decoding them needs their scales, which only a Quantizer that loads
-/// by role reads.
+/// dtype this library does not load (I64, F64, F8_E5M2, ...) throws UnsupportedError. I8, F8_E4M3 and I32
+/// load (INT8 and FP8 weights, AWQ/GPTQ packed codes); decoding them needs their scales, which only a
+/// Quantizer that loads by role reads.
 
 #include <algorithm>
 #include <bit>
@@ -77,6 +77,7 @@ inline std::optional<DType> parse_dtype(std::string_view s) {
   if (s == "BF16") return DType::bf16;
   if (s == "I8") return DType::int8;         // INT8 checkpoints' weights, read with their scales (Int8WeightOnly)
   if (s == "F8_E4M3") return DType::fp8_e4m3;  // FP8 checkpoints' weights, read with their scales (Fp8)
+  if (s == "I32") return DType::int32;         // AWQ/GPTQ packed codes, zeros and g_idx (Int4)
   return std::nullopt;
 }
 
@@ -117,7 +118,7 @@ inline Tensor parse_entry(const std::string& file, const std::string& name, cons
   auto dt = parse_dtype(dtype_name);
   if (!dt)
     throw UnsupportedError(cat(file, ": tensor '", name, "' has dtype ", dtype_name,
-                               ", which infer does not load (supported: F32, F16, BF16, I8, F8_E4M3)"));
+                               ", which infer does not load (supported: F32, F16, BF16, I8, F8_E4M3, I32)"));
   t.dtype = *dt;
 
   const auto& shape = field("shape");

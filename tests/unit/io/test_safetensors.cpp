@@ -219,12 +219,13 @@ TEST_CASE("safetensors: the header must be a JSON object of well-formed entries"
   CHECK_THROWS_WITH(load(R"({"__metadata__":{"k":1}})"), Contains("'k'") && Contains("must be a string"));
 }
 
-TEST_CASE("safetensors: dtypes other than F32/F16/BF16/I8/F8_E4M3 are unsupported, naming tensor and dtype",
+TEST_CASE("safetensors: dtypes other than F32/F16/BF16/I8/F8_E4M3/I32 are unsupported, naming tensor and dtype",
           "[io][safetensors]") {
   CHECK(load(R"({"layer.w":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}})", 1).find("layer.w")->dtype == DType::int8);
   CHECK(load(R"({"layer.w":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})", 1).find("layer.w")->dtype ==
         DType::fp8_e4m3);
-  for (const char* dt : {"U8", "I32", "I64", "F64", "BOOL", "F8_E5M2", "Q4"}) {
+  CHECK(load(R"({"layer.w":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}})", 4).find("layer.w")->dtype == DType::int32);
+  for (const char* dt : {"U8", "I64", "F64", "BOOL", "F8_E5M2", "Q4"}) {
     const auto h = R"({"layer.w":{"dtype":")" + std::string(dt) + R"(","shape":[1],"data_offsets":[0,1]}})";
     CHECK_THROWS_AS(load(h, 1), UnsupportedError);
     CHECK_THROWS_WITH(load(h, 1), Contains("'layer.w'") && Contains(dt));

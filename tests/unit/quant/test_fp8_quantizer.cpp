@@ -61,7 +61,7 @@ std::vector<SafetensorsEntry> fp8_entries(const std::string& name, const std::ve
 
 }  // namespace
 
-TEST_CASE("e4m3: every code decodes and encodes back; a value goes to the nearer code, a midpoint to the even one",
+TEST_CASE("e4m3: every code decodes and encodes back, a value goes to the nearer code, a midpoint to the even one",
           "[quant][fp8]") {
   for (int c = 0; c < 256; ++c) {
     const auto code = static_cast<std::uint8_t>(c);

@@ -1,0 +1,209 @@
+#pragma once
+/// \file
+/// `infer::Int4`: 4-bit weights in groups along the input dimension (W4A16), asymmetric:
+/// w[o][i] = s[o][g] · (q[o][i] − z[o][g]) with q, z in 0..15 and g the group of input i. This is its CPU
+/// implementation (codes kept one per byte): the reference a GPU kernel is checked against.
+///
+/// It loads by role (RoleQuantizer). The two checkpoint layouts vLLM serves load as they are, told apart by
+/// the shape of `qweight` (int32 words of eight 4-bit codes):
+///   - GPTQ (AutoGPTQ, checkpoint format v1): `qweight` [in/8, out], code of input i in word i/8 at bits
+///     4·(i%8); `qzeros` [groups, out/8] holding z − 1 (v1's convention); `scales` [groups, out]; `g_idx` [in]
+///     (the group of each input; with act-order it is not i / group_size) when present;
+///   - AWQ (GEMM layout): `qweight` [in, out/8], output column 8c + kAwqOrder[k] in nibble k of word c;
+///     `qzeros` [groups, out/8] packed the same way, holding z; `scales` [groups, out].
+/// Any other weight is quantized at load by round-to-nearest per group of kGroupSize inputs (or the largest
+/// power of two below it that divides the input width): over the group's range widened to hold 0 (so 0 is
+/// exact, as AWQ and GPTQ make it), s = (max − min) / 15, z = round(−min / s), q = clamp(round(w / s) + z,
+/// 0, 15): every value within s / 2. A group of zeros has s = 0.
+/// matmul decodes tiles of rows to f32 (quant/tiled_gemm.hpp): exactly x · (s·(q − z))ᵀ in f32.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "infer/concepts.hpp"
+#include "infer/core/backend.hpp"
+#include "infer/core/error.hpp"
+#include "infer/quant/f32.hpp"
+#include "infer/quant/linear_request.hpp"
+#include "infer/quant/tiled_gemm.hpp"
+
+namespace infer {
+
+namespace detail {
+
+/// Left undefined for backends not implemented yet, so `Quantizer<Int4, cuda>` is false.
+template <class B>
+struct Int4Linear;
+
+template <>
+struct Int4Linear<cpu> {
+  std::vector<std::uint8_t> q;       ///< [out][in], 0..15
+  std::vector<float> scale, zero;    ///< [out][groups]
+  std::vector<std::int32_t> g_idx;   ///< [in] group of each input; empty: input i is in group i / group_size
+  std::int64_t out_features = 0, in_features = 0, group_size = 0, groups = 0;
+
+  [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
+  [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
+  [[nodiscard]] std::int64_t group_of(std::int64_t i) const noexcept {
+    return g_idx.empty() ? i / group_size : g_idx[static_cast<std::size_t>(i)];
+  }
+  /// w[o][i] as the matmul uses it: s · (q − z), in f32.
+  [[nodiscard]] float value(std::int64_t o, std::int64_t i) const noexcept {
+    const auto k = static_cast<std::size_t>(o * groups + group_of(i));
+    return scale[k] * (static_cast<float>(q[static_cast<std::size_t>(o * in_features + i)]) - zero[k]);
+  }
+};
+
+}  // namespace detail
+
+struct Int4 {
+  static constexpr std::string_view name = "int4";
+  static constexpr std::int64_t kGroupSize = 128;
+  /// AWQ's order of output columns within a packed word: nibble k holds column kAwqOrder[k] of its eight.
+  static constexpr std::array<int, 8> kAwqOrder{0, 2, 4, 6, 1, 3, 5, 7};
+
+  template <class B>
+  using linear = detail::Int4Linear<B>;
+
+  /// The group size quantize() uses for `in` inputs: kGroupSize, or the largest power of two below it
+  /// that divides `in` (1 at worst).
+  static constexpr std::int64_t group_size_for(std::int64_t in) {
+    std::int64_t g = kGroupSize;
+    while (g > 1 && in % g != 0) g /= 2;
+    return g;
+  }
+
+  /// Round-to-nearest per group of `group` inputs of an f32 [out][in] matrix (what load does for a weight
+  /// that is not INT4): every value within half a step (s / 2) of the original.
+  static linear<cpu> quantize(std::span<const float> w, std::int64_t out, std::int64_t in, std::int64_t group) {
+    require<InvalidArgument>(w.size() == static_cast<std::size_t>(out * in) && group > 0 && in % group == 0,
+                             "Int4::quantize: ", w.size(), " values for [", out, ", ", in, "] in groups of ", group);
+    linear<cpu> l;
+    l.out_features = out;
+    l.in_features = in;
+    l.group_size = group;
+    l.groups = in / group;
+    l.q.resize(w.size());
+    l.scale.resize(static_cast<std::size_t>(out * l.groups));
+    l.zero.resize(l.scale.size());
+    for (std::int64_t o = 0; o < out; ++o)
+      for (std::int64_t g = 0; g < l.groups; ++g) {
+        const float* v = w.data() + o * in + g * group;
+        float lo = 0.0f, hi = 0.0f;  // the range always holds 0, so zero is exact (as AWQ and GPTQ make it)
+        for (std::int64_t i = 0; i < group; ++i) {
+          require<FormatError>(std::isfinite(v[i]), "Int4::quantize: row ", o, " holds a value that is not finite");
+          lo = std::min(lo, v[i]);
+          hi = std::max(hi, v[i]);
+        }
+        const float s = (hi - lo) / 15.0f;
+        const float z = s > 0.0f ? std::clamp(std::nearbyint(-lo / s), 0.0f, 15.0f) : 0.0f;
+        const auto k = static_cast<std::size_t>(o * l.groups + g);
+        l.scale[k] = s;
+        l.zero[k] = z;
+        for (std::int64_t i = 0; i < group; ++i)
+          l.q[static_cast<std::size_t>(o * in + g * group + i)] =
+              static_cast<std::uint8_t>(s > 0.0f ? std::clamp(std::nearbyint(v[i] / s) + z, 0.0f, 15.0f) : 0.0f);
+      }
+    return l;
+  }
+
+  /// The weight of `r`: a GPTQ or AWQ checkpoint's `qweight`, `qzeros`, `scales` (and `g_idx`) as they are,
+  /// else its weight quantized at load. FormatError for a packed tensor of the wrong shape, NotFoundError
+  /// for `qweight` without its companions.
+  template <class B>
+  static linear<B> load(const LinearRequest& r, cpu = {}) {
+    static_assert(std::is_same_v<B, cpu>, "infer::Int4::load: only the cpu backend is implemented so far");
+    const auto packed = r.companion("qweight");
+    if (!packed) {
+      const WeightTensor t = r.checked_weight();
+      std::vector<float> w(static_cast<std::size_t>(r.out * r.in));
+      dequantize_to_f32(t, w);
+      return quantize(w, r.out, r.in, group_size_for(r.in));
+    }
+    const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+    const WeightTensor& qw = *packed;
+    const bool gptq = qw.shape.size() == 2 && r.in % 8 == 0 && qw.shape[0] == u(r.in / 8) && qw.shape[1] == u(r.out);
+    const bool awq = qw.shape.size() == 2 && r.out % 8 == 0 && qw.shape[0] == u(r.in) && qw.shape[1] == u(r.out / 8);
+    if (qw.type != DType::int32 || (!gptq && !awq))
+      r.wrong_shape(qw, detail::cat("int32 [", r.in / 8, ", ", r.out, "] (GPTQ) or [", r.in, ", ", r.out / 8,
+                                    "] (AWQ): 4-bit codes, eight to a word"));
+    const WeightTensor scales = r.require_companion("scales", name);
+    const WeightTensor qzeros = r.require_companion("qzeros", name);
+    if (scales.shape.size() != 2 || scales.shape[1] != u(r.out) || scales.shape[0] == 0 || r.in % static_cast<std::int64_t>(scales.shape[0]) != 0)
+      r.wrong_shape(scales, detail::cat("[groups, ", r.out, "] with groups dividing ", r.in));
+    linear<B> l;
+    l.out_features = r.out;
+    l.in_features = r.in;
+    l.groups = static_cast<std::int64_t>(scales.shape[0]);
+    l.group_size = r.in / l.groups;
+    if (qzeros.type != DType::int32 || qzeros.shape.size() != 2 || qzeros.shape[0] != u(l.groups) || r.out % 8 != 0 ||
+        qzeros.shape[1] != u(r.out / 8))
+      r.wrong_shape(qzeros, detail::cat("int32 [", l.groups, ", ", r.out / 8, "]"));
+    const auto word = [](const WeightTensor& t, std::size_t k) {
+      std::int32_t v;
+      std::memcpy(&v, t.data.data() + k * 4, 4);
+      return static_cast<std::uint32_t>(v);
+    };
+    // Codes: GPTQ packs along the input (word [i/8][o]), AWQ along the output (word [i][o/8], AWQ order).
+    l.q.resize(static_cast<std::size_t>(r.out * r.in));
+    for (std::int64_t i = 0; i < r.in; ++i)
+      for (std::int64_t o = 0; o < r.out; ++o) {
+        const std::uint32_t bits =
+            gptq ? word(qw, static_cast<std::size_t>((i / 8) * r.out + o)) >> (4 * (i % 8))
+                 : word(qw, static_cast<std::size_t>(i * (r.out / 8) + o / 8)) >> (4 * awq_nibble(o % 8));
+        l.q[static_cast<std::size_t>(o * r.in + i)] = static_cast<std::uint8_t>(bits & 15u);
+      }
+    // Scales [groups][out] and zeros (GPTQ v1 stores z − 1) into [out][groups].
+    std::vector<float> s(static_cast<std::size_t>(l.groups * r.out));
+    dequantize_to_f32(scales, s);
+    l.scale.resize(s.size());
+    l.zero.resize(s.size());
+    for (std::int64_t g = 0; g < l.groups; ++g)
+      for (std::int64_t o = 0; o < r.out; ++o) {
+        const std::uint32_t w = word(qzeros, static_cast<std::size_t>(g * (r.out / 8) + o / 8));
+        const std::uint32_t z = (w >> (4 * (gptq ? o % 8 : awq_nibble(o % 8)))) & 15u;
+        const auto k = static_cast<std::size_t>(o * l.groups + g);
+        l.scale[k] = s[static_cast<std::size_t>(g * r.out + o)];
+        l.zero[k] = static_cast<float>(z) + (gptq ? 1.0f : 0.0f);
+      }
+    if (const auto g_idx = r.companion("g_idx"); gptq && g_idx) {
+      if (g_idx->type != DType::int32 || g_idx->shape.size() != 1 || g_idx->shape[0] != u(r.in))
+        r.wrong_shape(*g_idx, detail::cat("int32 [", r.in, "]"));
+      l.g_idx.resize(static_cast<std::size_t>(r.in));
+      for (std::size_t i = 0; i < l.g_idx.size(); ++i) {
+        l.g_idx[i] = static_cast<std::int32_t>(word(*g_idx, i));
+        require<FormatError>(l.g_idx[i] >= 0 && l.g_idx[i] < l.groups, name, ": '", g_idx->name, "' puts input ", i,
+                             " in group ", l.g_idx[i], " of ", l.groups);
+      }
+    }
+    return l;
+  }
+
+  /// y[rows][w.out()] = x[rows][w.in()] · (s·(q − z))ᵀ.
+  static void matmul(cpu, const linear<cpu>& w, const float* x, std::int32_t rows, float* y) {
+    const std::int64_t in = w.in();
+    detail::tiled_gemm_xwt(x, rows, w.out(), in, y, [&](std::int64_t o0, std::int64_t n, float* tile) {
+      for (std::int64_t o = 0; o < n; ++o)
+        for (std::int64_t i = 0; i < in; ++i) tile[o * in + i] = w.value(o0 + o, i);
+    });
+  }
+
+ private:
+  /// The nibble of an AWQ word that holds output column `c` (0..7) of its eight.
+  static constexpr int awq_nibble(std::int64_t c) {
+    for (int k = 0; k < 8; ++k)
+      if (kAwqOrder[static_cast<std::size_t>(k)] == c) return k;
+    return 0;
+  }
+};
+
+static_assert(Quantizer<Int4, cpu>);
+static_assert(RoleQuantizer<Int4, cpu>);
+
+}  // namespace infer
