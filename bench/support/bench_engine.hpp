@@ -51,9 +51,11 @@ struct ModelFlags {
   std::int32_t max_num_seqs = 256;
   std::int32_t max_num_batched_tokens = 8192;
   std::string output_json;
+  programs::EngineFileFlags engine_file;  ///< --engine-file (and --build-if-missing, --rebuild)
 
   void add_to(CLI::App& app) {
     programs::add_model_flags(app, spec);
+    programs::add_engine_file_flags(app, engine_file);
     app.add_option("--engine", engine, "paged (vLLM's way) or static (TensorRT-LLM's way: fixed slots)")
         ->check(CLI::IsMember({"paged", "static"}));
     programs::add_shape_flags(app, shape);
@@ -158,11 +160,17 @@ inline double mean(const std::vector<double>& v) {
 /// printed as "program: message" (exit 1). `mf.backend` becomes the backend resolved ("auto" → cpu/cuda).
 template <class Body>
 int with_engine(const char* program, ModelFlags& mf, Body&& body) {
+  // An engine file fixes the engine, quantizer and shape: the flags take its values (or are refused).
+  LlmOptions choice;
+  choice.engine = mf.engine;
+  choice.quantizer = mf.quantizer;
+  choice.engine_options.static_shape = mf.shape;
+  if (const auto code = programs::prepare_engine_file(program, mf.engine_file, mf.spec, choice)) return *code;
+  mf.engine = choice.engine;
+  mf.quantizer = choice.quantizer;
+  mf.shape = choice.engine_options.static_shape;
   if (const auto code = programs::resolve_backend_or_exit(program, mf.spec.backend)) return *code;
   try {
-    LlmOptions choice;
-    choice.engine = mf.engine;
-    choice.quantizer = mf.quantizer;
     return with_engine_type(mf.backend(), choice, std::forward<Body>(body));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", program, e.what());

@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   sp.max_tokens = 256;
   std::optional<std::uint64_t> seed;
   infer::programs::add_model_flags(app, spec);
+  infer::programs::EngineFileFlags engine_file;
+  infer::programs::add_engine_file_flags(app, engine_file);
   app.add_option("--gpu-memory-utilization", opt.engine_options.gpu_memory_utilization,
                  "cuda: fraction of the device this engine may use")
       ->check(CLI::Range(0.01, 1.0));
@@ -41,6 +43,7 @@ int main(int argc, char** argv) {
   sp.seed = seed;
   const bool tty = ::isatty(STDIN_FILENO);
 
+  if (const auto code = infer::programs::prepare_engine_file("infer-chat", engine_file, spec, opt)) return *code;
   if (const auto code = infer::programs::resolve_backend_or_exit("infer-chat", spec.backend)) return *code;
   try {
     sp.validate();

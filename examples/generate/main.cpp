@@ -5,6 +5,9 @@
 //                                                          {"prompt": "..."} / {"messages": [{"role", "content"}]},
 //                                                          each with optional "priority" (int) and "tag" (string)
 //   infer-generate --dummy llama3-8b --tokenizer MODEL ... a model shape with random weights, another's tokenizer
+//   infer-generate --engine-file F [--model MODEL --build-if-missing | --rebuild] ...
+//                                                          an engine built ahead (infer-build), built first when
+//                                                          absent (or always, --rebuild) from MODEL with the flags given
 // --backend cpu|cuda|auto, --engine paged|static, --block-size 8|16|32 and --quantizer auto|bf16|int8|fp8|int4 choose the
 // compiled engine (engine_registry.hpp); --backend cuda on a machine without a GPU exits 2. --json prints one
 // document with every request's tokens, text, finish reason and timings, the run's summary and KV statistics.
@@ -113,6 +116,8 @@ int main(int argc, char** argv) {
   sp.max_tokens = 64;
   std::optional<std::uint64_t> seed;
   infer::programs::add_model_flags(app, spec);
+  infer::programs::EngineFileFlags engine_file;
+  infer::programs::add_engine_file_flags(app, engine_file);
   app.add_option("--quantizer", opt.quantizer, "cuda: auto (GGUF blocks used in place) or bf16; cpu: auto (f32), int8 (W8A16 per channel), fp8 (W8A8 e4m3) or int4 (W4A16, groups of 128)")
       ->check(CLI::IsMember({"auto", "bf16", "int8", "fp8", "int4"}));
   app.add_option("--gpu-memory-utilization", opt.engine_options.gpu_memory_utilization,
@@ -152,6 +157,7 @@ int main(int argc, char** argv) {
   sp.seed = seed;
   opt.engine_options.enable_prefix_caching = !no_prefix_caching;
 
+  if (const auto code = infer::programs::prepare_engine_file("infer-generate", engine_file, spec, opt)) return *code;
   if (const auto code = infer::programs::resolve_backend_or_exit("infer-generate", spec.backend)) return *code;
   try {
     spec.validate();

@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
   sp.top_p = 0.8f;
   sp.max_tokens = 256;
   infer::programs::add_model_flags(app, spec);
+  infer::programs::EngineFileFlags engine_file;
+  infer::programs::add_engine_file_flags(app, engine_file);
   app.add_option("--engine", opt.engine, "paged (continuous batching) or static (fixed shape)")
       ->check(CLI::IsMember({"paged", "static"}));
   infer::programs::add_shape_flags(app, opt.engine_options.static_shape);
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
   app.add_option("--show", shown, "answers to print")->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
+  if (const auto code = infer::programs::prepare_engine_file("infer-offline-batch", engine_file, spec, opt)) return *code;
   if (const auto code = infer::programs::resolve_backend_or_exit("infer-offline-batch", spec.backend)) return *code;
   try {
     spec.validate();

@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
   double drain_timeout_s = 30;
   double header_timeout_s = 5, body_timeout_s = 30, keep_alive_timeout_s = 5, write_timeout_s = 30;
   infer::programs::add_model_flags(app, spec);
+  infer::programs::EngineFileFlags engine_file;
+  infer::programs::add_engine_file_flags(app, engine_file);
   app.add_option("--gpu-memory-utilization", llm.engine_options.gpu_memory_utilization,
                  "cuda: fraction of device memory for weights, activations and the KV pool (without --kv-cache-memory)")
       ->check(CLI::Range(0.01, 1.0))
@@ -159,6 +161,7 @@ int main(int argc, char** argv) {
                so.http.max_connections, fit);
     so.http.max_connections = fit;
   }
+  if (const auto code = infer::programs::prepare_engine_file("infer-serve", engine_file, spec, llm)) return *code;
   so.model_path = spec.dummy.empty() ? spec.model.string() : spec.dummy;
   if (so.served_model_names.empty()) so.served_model_names.push_back(spec.name());
 
@@ -201,6 +204,7 @@ int main(int argc, char** argv) {
     }
     std::vector<infer::serve::EngineWorker*> raw;
     for (auto& engine : config.engines) {
+      infer::apply_engine_file(engine.model, engine.llm);  // a router config may name engine files too
       if (const auto code = infer::programs::resolve_backend_or_exit("infer-serve", engine.model.backend)) return *code;
       infer::check_engine_choice(engine.model.backend, engine.llm);
       engine.llm.engine_options.validate();

@@ -7,10 +7,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 
+#include "infer/engine/engine_build.hpp"
 #include "infer/engine/engine_registry.hpp"
 
 namespace infer::programs {
@@ -35,6 +38,69 @@ inline void add_shape_flags(CLI::App& app, Shape& shape) {
   app.add_option("--max-batch", shape.max_batch, "static engine: slots (sequences at once)")->capture_default_str();
   app.add_option("--max-input", shape.max_input, "static engine: longest prompt")->capture_default_str();
   app.add_option("--max-output", shape.max_output, "static engine: most tokens generated")->capture_default_str();
+}
+
+/// --engine-file, --build-if-missing, --rebuild: TensorRT-LLM's build-once flow.
+struct EngineFileFlags {
+  std::filesystem::path file;
+  bool build_if_missing = false;
+  bool rebuild = false;
+};
+
+inline void add_engine_file_flags(CLI::App& app, EngineFileFlags& f) {
+  app.add_option("--engine-file", f.file,
+                 "an engine file built ahead by infer-build (it fixes the engine, quantizer and shape it was built for)");
+  app.add_flag("--build-if-missing", f.build_if_missing,
+               "with --engine-file and --model/--dummy: build the engine file first when it does not exist, with the "
+               "engine, quantizer and shape flags given");
+  app.add_flag("--rebuild", f.rebuild, "with --engine-file and --model/--dummy: build the engine file even when it exists");
+}
+
+/// With --engine-file: builds the file when asked (--rebuild, or --build-if-missing and it is absent) from
+/// `spec` with `options`, saying so on stderr, then points `spec` at it (the model, dummy shape and tokenizer
+/// flags only say what to build from). InvalidArgument when the file is missing and no build was asked for,
+/// or a build was asked for without a model. Nothing happens without --engine-file.
+inline void use_engine_file(const char* program, const EngineFileFlags& f, ModelSpec& spec, const LlmOptions& options) {
+  using detail::cat;
+  if (f.file.empty()) {
+    if (f.build_if_missing || f.rebuild)
+      throw InvalidArgument("--build-if-missing and --rebuild build an engine file: give --engine-file FILE");
+    return;
+  }
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(f.file, ec);
+  if (f.rebuild || (!exists && f.build_if_missing)) {
+    if (spec.model.empty() && spec.dummy.empty())
+      throw InvalidArgument(cat("building engine file '", f.file.string(), "' needs the model to build it from: ",
+                                "give --model PATH or --dummy SHAPE"));
+    const auto t0 = std::chrono::steady_clock::now();
+    const EngineBuildReport r = build_engine_file(spec, options, f.file);
+    std::fprintf(stderr, "%s: built engine file '%s' from %s (%s engine, quantizer %s, %.1f MB) in %.1f s\n", program,
+                 f.file.string().c_str(), r.info.model.c_str(), r.info.engine.c_str(), r.info.quantizer.c_str(),
+                 static_cast<double>(r.file_bytes) / 1e6,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  } else if (!exists) {
+    throw InvalidArgument(cat("engine file '", f.file.string(), "' does not exist: build it with infer-build, or add ",
+                              "--build-if-missing with --model"));
+  }
+  spec.model = f.file;
+  spec.dummy.clear();
+  spec.tokenizer.clear();
+}
+
+/// use_engine_file, then the file's engine settings into `options` and its backend into `spec`
+/// (apply_engine_file). Prints "program: error" and returns exit code 1 on failure; call it before
+/// resolve_backend_or_exit, so "auto" takes the file's backend.
+inline std::optional<int> prepare_engine_file(const char* program, const EngineFileFlags& f, ModelSpec& spec,
+                                              LlmOptions& options) {
+  try {
+    use_engine_file(program, f, spec, options);
+    apply_engine_file(spec, options);
+    return std::nullopt;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s: %s error: %s\n", program, std::string(to_string(e.code())).c_str(), e.what());
+    return 1;
+  }
 }
 
 /// Resolves `backend` ("auto" → cpu or cuda) in place; when the backend asked for is not there, prints

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "infer/core/error.hpp"
+#include "infer/io/engine_file.hpp"
 #include "infer/io/gguf.hpp"
 #include "infer/io/safetensors.hpp"
 #include "infer/model/dummy.hpp"
@@ -111,6 +112,7 @@ struct ModelSource::Impl {
   ModelConfig config;
   std::optional<gguf::File> gguf;
   std::optional<safetensors::Checkpoint> checkpoint;
+  std::optional<EngineFile> engine;
   std::optional<Tokenizer> tokenizer;
   std::optional<std::uint64_t> dummy_seed;  ///< set for ModelSource::dummy
   std::string dummy_label;
@@ -163,7 +165,11 @@ ModelSource ModelSource::open(const std::filesystem::path& path) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
+  if (!std::filesystem::is_directory(path, ec) && EngineFile::is_engine_file(path)) {
+    impl->engine.emplace(EngineFile::open(path));
+    impl->config = impl->engine->info().config;
+    if (const auto& spec = impl->engine->tokenizer()) impl->tokenizer.emplace(*spec);
+  } else if (std::filesystem::is_directory(path, ec)) {
     impl->checkpoint.emplace(safetensors::Checkpoint::open(path));
     impl->config = load_hf_config(path);
     const auto tok = path / "tokenizer.json";
@@ -202,6 +208,9 @@ std::optional<WeightTensor> ModelSource::find(std::string_view role) const {
   const Role r = parse_role(role);
   if (r.layer < 0 && r.name->canonical == "output" && impl_->config.tie_word_embeddings) return std::nullopt;
   const std::string fname = impl_->name_of(r);
+  if (impl_->engine)
+    throw UnsupportedError(cat(describe(), " holds an engine's weights in its runtime layout, not tensors by role; ",
+                               "load it with the engine it was built for"));
   if (impl_->dummy_seed) return impl_->dummy_tensor(r, fname);
   if (impl_->gguf) {
     const gguf::TensorInfo* t = impl_->gguf->find_tensor(fname);
@@ -227,11 +236,14 @@ const Tokenizer* ModelSource::tokenizer() const noexcept { return impl_->tokeniz
 
 std::string ModelSource::describe() const {
   if (impl_->dummy_seed) return cat("dummy model '", impl_->dummy_label, "'");
+  if (impl_->engine) return cat("engine file '", impl_->path.string(), "'");
   return cat(impl_->gguf ? "GGUF '" : "safetensors folder '", impl_->path.string(), "'");
 }
 
 const std::filesystem::path& ModelSource::path() const noexcept { return impl_->path; }
 
 const gguf::File* ModelSource::gguf_file() const noexcept { return impl_->gguf ? &*impl_->gguf : nullptr; }
+
+const EngineFile* ModelSource::engine_file() const noexcept { return impl_->engine ? &*impl_->engine : nullptr; }
 
 }  // namespace infer

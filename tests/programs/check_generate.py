@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """infer-generate as a user runs it: greedy output equals HF transformers' on the default model with both
 engines, the --json document (tokens, text, finish reasons, timings, KV statistics), JSONL prompts with
-priorities and tags, the --trace file, and bad input.
+priorities and tags, the --trace file, the CPU quantizers, engine files (infer-build, --engine-file,
+--build-if-missing), and bad input.
 
 usage: check_generate.py BIN_DIR MODEL FIXTURES_DIR"""
 import json
@@ -147,10 +148,45 @@ def quantized_run(quantizer, engine="paged"):
         check(all(len(o) == n for o in outs), f"{quantizer}, {engine}: {n} tokens per prompt")
         agree = sum(next((i for i, (a, b) in enumerate(zip(o, c["greedy_ids"])) if a != b), n) for o, c in zip(outs, cases))
         print(f"{quantizer} ({engine}): {agree} of {n * len(cases)} greedy tokens before the first divergence from HF's")
-quantized_run("int8", "paged")
+        return outs
+    return None
+int8_tokens = quantized_run("int8", "paged")
 quantized_run("int8", "static")
 quantized_run("fp8")
-quantized_run("int4")
+int4_tokens = quantized_run("int4")
+
+# engine files: TensorRT-LLM's build-once flow. --build-if-missing builds from --model with the flags given, then
+# runs; the file alone then runs the same engine (no other flag), and the tokens are those of the model loaded
+# directly with that quantizer. infer-build writes one too. A setting that differs from the file's is refused.
+greedy = ["--temperature", "0", "--ignore-eos", "--max-tokens", str(n), "--json"]
+def file_tokens(r, what):
+    check(r.returncode == 0, f"{what}: exit 0 ({r.stderr[-300:]!r})")
+    return [res["outputs"][0]["token_ids"] for res in json.loads(r.stdout)["results"]] if r.returncode == 0 else None
+with tempfile.TemporaryDirectory() as tmp:
+    f8 = os.path.join(tmp, "smollm2-int8.engine")
+    r = run(*prompts, "--engine-file", f8, "--build-if-missing", "--quantizer", "int8", *greedy)
+    check(file_tokens(r, "--build-if-missing") == int8_tokens and "built engine file" in r.stderr,
+          f"--build-if-missing built the file and ran it: int8's tokens ({r.stderr[-200:]!r})")
+    r = subprocess.run([exe, "--engine-file", f8, "--backend", "cpu", *prompts, *greedy], capture_output=True, text=True,
+                       timeout=600)
+    check(file_tokens(r, "--engine-file alone") == int8_tokens and "built engine file" not in r.stderr,
+          "--engine-file alone: the file's engine and quantizer, int8's tokens, nothing rebuilt")
+    r = subprocess.run([exe, "--engine-file", f8, "--quantizer", "fp8", "x"], capture_output=True, text=True, timeout=600)
+    check(r.returncode == 1 and "built with quantizer int8" in r.stderr and "asks for quantizer fp8" in r.stderr,
+          f"another quantizer than the file's is refused: {r.stderr!r}")
+    r = subprocess.run([exe, "--engine-file", os.path.join(tmp, "missing.engine"), "x"], capture_output=True, text=True,
+                       timeout=600)
+    check(r.returncode == 1 and "does not exist" in r.stderr and "--build-if-missing" in r.stderr,
+          f"a missing engine file without --build-if-missing: {r.stderr!r}")
+    f4 = os.path.join(tmp, "smollm2-int4.engine")
+    r = subprocess.run([os.path.join(bin_dir, "infer-build"), "--model", model, "--quantizer", "int4", "-o", f4, "--json"],
+                       capture_output=True, text=True, timeout=600)
+    built = json.loads(r.stdout) if r.returncode == 0 else {}
+    check(built.get("quantizer_layout") == "int4" and built.get("bytes") == os.path.getsize(f4) and built.get("backend") == "cpu",
+          f"infer-build --json: {built or r.stderr[-300:]}")
+    r = subprocess.run([exe, "--engine-file", f4, "--backend", "cpu", *prompts, *greedy], capture_output=True, text=True,
+                       timeout=600)
+    check(file_tokens(r, "infer-build's int4 file") == int4_tokens, "infer-build's int4 file: int4's tokens")
 r = run("x", "--quantizer", "int8", "--block-size", "8")
 check(r.returncode == 1 and "block_size 16" in r.stderr, f"int8 with block size 8: {r.stderr!r}")
 

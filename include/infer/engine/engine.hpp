@@ -134,6 +134,7 @@ class Engine {
   using backend = B;
   using allocator_type = A;
   using scheduler_type = S;
+  using quantizer_type = Q;
   using model_type = typename Model::template decoder<B, Q, Attn>;
 
   /// Loads the model at `path` (a .gguf file or a Hugging Face folder) and sizes the KV cache.

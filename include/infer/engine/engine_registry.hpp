@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "infer/backend/cuda_runtime.hpp"
+#include "infer/engine/engine_file_options.hpp"
 #include "infer/engine/llm_options.hpp"
 #include "infer/engine/presets.hpp"
 #include "infer/model/dummy.hpp"
@@ -253,10 +254,20 @@ decltype(auto) with_engine_type(std::string_view backend, const LlmOptions& opti
   return body.template operator()<PagedEngine<cpu, 16>>();
 }
 
-/// Loads `spec` into the engine `options` name. Errors: ModelSpec::validate's and resolve_backend's,
-/// with_engine_type's, and whatever loading throws.
-inline std::unique_ptr<EngineHandle> make_engine(const ModelSpec& spec, const LlmOptions& options) {
+/// When `spec.model` is an engine file (infer-build's output): `options` become those it runs with and
+/// `spec.backend` the file's (engine_file_options, which names what differs when it cannot run). Anything
+/// else is left as it is. Idempotent.
+inline void apply_engine_file(ModelSpec& spec, LlmOptions& options) {
+  if (!spec.dummy.empty() || spec.model.empty() || !EngineFile::is_engine_file(spec.model)) return;
+  options = engine_file_options(EngineFile::open(spec.model).info(), spec.model, std::move(options), spec.backend);
+}
+
+/// Loads `spec` into the engine `options` name (for an engine file, the engine it was built for:
+/// apply_engine_file). Errors: ModelSpec::validate's and resolve_backend's, with_engine_type's, and
+/// whatever loading throws.
+inline std::unique_ptr<EngineHandle> make_engine(ModelSpec spec, LlmOptions options) {
   spec.validate();
+  apply_engine_file(spec, options);
   if (spec.backend != "auto") check_engine_choice(spec.backend, options);  // before any device is touched
   const std::string backend = resolve_backend(spec.backend);
   return with_engine_type(backend, options, [&]<class E>() -> std::unique_ptr<EngineHandle> {

@@ -51,8 +51,10 @@ class LLM {
   explicit LLM(const std::filesystem::path& model, LlmOptions options = {})
       : LLM(ModelSpec{.model = model, .backend = "auto"}, std::move(options)) {}
 
-  /// A model file or a dummy shape, on the backend `spec` names. Errors as make_engine.
-  LLM(const ModelSpec& spec, LlmOptions options) : options_(std::move(options)), engine_(make_engine(spec, options_)) {}
+  /// A model file, an engine file (infer-build: the engine it was built for) or a dummy shape, on the
+  /// backend `spec` names. Errors as make_engine.
+  LLM(const ModelSpec& spec, LlmOptions options)
+      : options_(with_engine_file(spec, std::move(options))), engine_(make_engine(spec, options_)) {}
 
   /// An engine type of your own (`std::in_place_type<MyEngine>`), built as make_engine<E> builds it: from
   /// `spec`, `options.engine_options` and `engine_args` (e.g. a scheduler instance).
@@ -121,6 +123,11 @@ class LLM {
   }
 
  private:
+  static LlmOptions with_engine_file(ModelSpec spec, LlmOptions options) {
+    apply_engine_file(spec, options);
+    return options;
+  }
+
   using Clock = std::chrono::steady_clock;
 
   /// Runs every prompt, `params_of(i)` being prompt i's parameters.

@@ -57,7 +57,21 @@ template <class Q, class Attn>
 class LlamaModel<cpu, Q, Attn> {
  public:
   /// Loads every weight (see load_llama_weights). Throws what the loaders throw, naming the tensor.
-  static LlamaModel load(const ModelSource& src) { return LlamaModel(src.config(), load_llama_weights<Q, cpu>(src)); }
+  /// From a model file, or from an engine file built for this Quantizer (its arrays copied in as they are).
+  static LlamaModel load(const ModelSource& src) {
+    if (const EngineFile* file = src.engine_file()) {
+      if constexpr (EngineFileWeights<Q, cpu>) return LlamaModel(src.config(), restore_llama_weights<Q>(*file));
+      else throw UnsupportedError(detail::cat("quantizer ", Q::name, " cannot load engine files (its linear layers do not list their parts)"));
+    }
+    return LlamaModel(src.config(), load_llama_weights<Q, cpu>(src));
+  }
+
+  /// Adds the weights to an engine file being written; `out.write()` must run while this model lives.
+  void save(EngineFileWriter& out) const
+    requires EngineFileWeights<Q, cpu>
+  {
+    save_llama_weights(w_, out);
+  }
 
   [[nodiscard]] const ModelConfig& config() const noexcept { return config_; }
 

@@ -78,7 +78,14 @@ class LlamaModel<cuda, Q, Attn> {
  public:
   /// Loads every weight into one device arena. Errors as ModelSource / the Quantizer, naming the tensor;
   /// DeviceError when the device cannot hold the weights.
-  static LlamaModel load(const ModelSource& src) { return LlamaModel(src); }
+  /// Engine files (infer-build) are written and read on the cpu backend so far: the GPU's arrays live in
+  /// one device arena and its loader does not read parts yet.
+  static LlamaModel load(const ModelSource& src) {
+    if (src.engine_file())
+      throw UnsupportedError(detail::cat(src.describe(), ": engine files run on the cpu backend only so far; ",
+                                         "load the model file itself on cuda"));
+    return LlamaModel(src);
+  }
 
   LlamaModel(LlamaModel&&) noexcept = default;
   LlamaModel& operator=(LlamaModel&&) noexcept = default;

@@ -20,6 +20,7 @@
 
 #include "infer/concepts.hpp"
 #include "infer/core/error.hpp"
+#include "infer/io/engine_file.hpp"
 #include "infer/model/model_config.hpp"
 #include "infer/model/model_source.hpp"
 #include "infer/quant/f32.hpp"
@@ -129,6 +130,110 @@ LlamaWeights<Q, B> load_llama_weights(const ModelSource& src) {
         .up = detail::load_linear<Q, B>(src, role("ffn_up"), inter, hidden, store),
         .down = detail::load_linear<Q, B>(src, role("ffn_down"), hidden, inter, store),
     });
+  }
+  return w;
+}
+
+/// Calls `visit(role, x)` for every array of `w` in a fixed order: each linear layer (the embedding and the
+/// LM head included) as its Quantizer's linear, each norm and bias as a `std::vector<float>`. `W` is
+/// LlamaWeights or const LlamaWeights. The engine file saves and restores weights through it.
+template <class W, class Visit>
+void visit_llama_weights(W& w, Visit&& visit) {
+  using detail::cat;
+  visit(std::string("token_embd"), w.token_embd);
+  visit(std::string("output_norm"), w.output_norm);
+  if (w.output) visit(std::string("output"), *w.output);
+  for (std::size_t i = 0; i < w.layers.size(); ++i) {
+    auto& L = w.layers[i];
+    const auto role = [&](const char* name) { return cat("blk.", i, ".", name); };
+    visit(role("attn_norm"), L.attn_norm);
+    visit(role("attn_q"), L.q);
+    visit(role("attn_k"), L.k);
+    visit(role("attn_v"), L.v);
+    visit(role("attn_output"), L.o);
+    visit(role("attn_q.bias"), L.q_bias);
+    visit(role("attn_k.bias"), L.k_bias);
+    visit(role("attn_v.bias"), L.v_bias);
+    visit(role("ffn_norm"), L.ffn_norm);
+    visit(role("ffn_gate"), L.gate);
+    visit(role("ffn_up"), L.up);
+    visit(role("ffn_down"), L.down);
+  }
+}
+
+/// Whether every array of the decoder's weights in Quantizer Q can go into an engine file.
+template <class Q, class B>
+concept EngineFileWeights = requires(const embedding_linear_t<Q, B>& e, const typename Q::template linear<B>& l,
+                                     EnginePartSaver& s) {
+  embedding_linear_t<Q, B>::visit_parts(e, s);
+  Q::template linear<B>::visit_parts(l, s);
+  { l.consistent() } -> std::convertible_to<bool>;
+};
+
+/// Adds every array of `w` to `out` as parts named `<role>.<member>` (a norm or bias: `<role>.values`).
+/// The arrays are borrowed: `w` must outlive out.write().
+template <class Q>
+  requires EngineFileWeights<Q, cpu>
+void save_llama_weights(const LlamaWeights<Q, cpu>& w, EngineFileWriter& out) {
+  visit_llama_weights(w, [&](const std::string& role, const auto& x) {
+    EnginePartSaver saver{out, role + "."};
+    if constexpr (std::is_same_v<std::decay_t<decltype(x)>, std::vector<float>>) saver("values", x);
+    else std::decay_t<decltype(x)>::visit_parts(x, saver);
+  });
+}
+
+/// The weights an engine file holds, for Quantizer Q on the CPU: its arrays copied out of the file as they
+/// are (no decoding, no quantization), then every size checked against the file's ModelConfig.
+/// FormatError naming the file when it was built for another Quantizer, or a part is missing, of another
+/// type or of a size the config does not imply.
+template <class Q>
+  requires EngineFileWeights<Q, cpu>
+LlamaWeights<Q, cpu> restore_llama_weights(const EngineFile& file) {
+  using detail::cat;
+  const EngineFileInfo& info = file.info();
+  const std::string where = cat("engine file '", file.path().string(), "'");
+  if (info.quantizer_layout != Q::name)
+    throw FormatError(cat(where, " holds weights of quantizer ", info.quantizer_layout, "; this engine's is ", Q::name,
+                          " (load it with --quantizer ", info.quantizer, ", or rebuild it)"));
+  const ModelConfig& c = info.config;
+  LlamaWeights<Q, cpu> w;
+  const bool tied_in_embedding = c.tie_word_embeddings && EmbeddingQuantizer<Q, cpu>;
+  if (!tied_in_embedding) w.output.emplace();
+  w.layers.resize(static_cast<std::size_t>(c.num_layers));
+  visit_llama_weights(w, [&](const std::string& role, auto& x) {
+    EnginePartLoader loader{file, role + "."};
+    if constexpr (std::is_same_v<std::decay_t<decltype(x)>, std::vector<float>>) loader("values", x);
+    else std::decay_t<decltype(x)>::visit_parts(x, loader);
+  });
+  // Every size the forward pass trusts, checked once.
+  const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, qs = c.q_size(), kvs = c.kv_size();
+  auto linear = [&](const std::string& role, const auto& l, std::int64_t out, std::int64_t in) {
+    if (!l.consistent() || l.out() != out || l.in() != in)
+      throw FormatError(cat(where, ": weight '", role, "' is [", l.out(), ", ", l.in(), "] with arrays that ",
+                            l.consistent() ? "agree" : "do not agree", "; the config implies [", out, ", ", in, "]"));
+  };
+  auto vec = [&](const std::string& role, const std::vector<float>& v, std::int64_t n) {
+    if (static_cast<std::int64_t>(v.size()) != n)
+      throw FormatError(cat(where, ": '", role, "' holds ", v.size(), " values; the config implies ", n));
+  };
+  linear("token_embd", w.token_embd, V, H);
+  vec("output_norm", w.output_norm, H);
+  if (w.output) linear("output", *w.output, V, H);
+  for (std::size_t i = 0; i < w.layers.size(); ++i) {
+    const auto& L = w.layers[i];
+    const auto role = [&](const char* name) { return cat("blk.", i, ".", name); };
+    vec(role("attn_norm"), L.attn_norm, H);
+    vec(role("ffn_norm"), L.ffn_norm, H);
+    linear(role("attn_q"), L.q, qs, H);
+    linear(role("attn_k"), L.k, kvs, H);
+    linear(role("attn_v"), L.v, kvs, H);
+    linear(role("attn_output"), L.o, H, qs);
+    linear(role("ffn_gate"), L.gate, I, H);
+    linear(role("ffn_up"), L.up, I, H);
+    linear(role("ffn_down"), L.down, H, I);
+    vec(role("attn_q.bias"), L.q_bias, c.attention_bias ? qs : 0);
+    vec(role("attn_k.bias"), L.k_bias, c.attention_bias ? kvs : 0);
+    vec(role("attn_v.bias"), L.v_bias, c.attention_bias ? kvs : 0);
   }
   return w;
 }

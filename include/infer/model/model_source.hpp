@@ -41,11 +41,12 @@ namespace infer {
 namespace gguf {
 class File;
 }
+class EngineFile;
 
 class ModelSource {
  public:
-  /// `path` is a .gguf file or a Hugging Face model folder (config.json, model.safetensors or
-  /// model.safetensors.index.json, optionally tokenizer.json). IoError / FormatError /
+  /// `path` is a .gguf file, a Hugging Face model folder (config.json, model.safetensors or
+  /// model.safetensors.index.json, optionally tokenizer.json), or an engine file (io/engine_file.hpp). IoError / FormatError /
   /// UnsupportedError / NotFoundError from the readers, each naming the file concerned.
   static ModelSource open(const std::filesystem::path& path);
 
@@ -86,6 +87,10 @@ class ModelSource {
   /// The underlying GGUF file (nullptr for an HF folder), for metadata beyond the config. Using it
   /// needs infer/io/gguf.hpp.
   [[nodiscard]] const gguf::File* gguf_file() const noexcept;
+  /// The engine file (infer-build's output) this source is, else nullptr. Its config and tokenizer are
+  /// the file's; its weights are loaded by the decoder from the file's parts (find() refuses roles).
+  /// Using it needs infer/io/engine_file.hpp.
+  [[nodiscard]] const EngineFile* engine_file() const noexcept;
 
  private:
   struct Impl;

@@ -40,6 +40,17 @@ struct F32Linear<cpu> {
   [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
   [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
   [[nodiscard]] const float* data() const noexcept { return w.data(); }
+  /// Its arrays and sizes as they are in memory, for the engine file (io/engine_file.hpp), and whether
+  /// they agree with each other (a file's parts are checked before anything indexes them).
+  template <class Self, class V>
+  static void visit_parts(Self& self, V&& v) {
+    v("w", self.w);
+    v("out", self.out_features);
+    v("in", self.in_features);
+  }
+  [[nodiscard]] bool consistent() const noexcept {
+    return out_features > 0 && in_features > 0 && w.size() == static_cast<std::size_t>(out_features * in_features);
+  }
 };
 
 }  // namespace detail

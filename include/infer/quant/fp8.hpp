@@ -51,6 +51,19 @@ struct Fp8Linear<cpu> {
   [[nodiscard]] float value(std::int64_t o, std::int64_t i) const noexcept {
     return e4m3_to_f32(q[static_cast<std::size_t>(o * in_features + i)]) * scale[static_cast<std::size_t>(o)];
   }
+  /// Its arrays and sizes as they are in memory, for the engine file (io/engine_file.hpp), and whether
+  /// they agree with each other (a file's parts are checked before anything indexes them).
+  template <class Self, class V>
+  static void visit_parts(Self& self, V&& v) {
+    v("q", self.q);
+    v("scale", self.scale);
+    v("out", self.out_features);
+    v("in", self.in_features);
+  }
+  [[nodiscard]] bool consistent() const noexcept {
+    return out_features > 0 && in_features > 0 && q.size() == static_cast<std::size_t>(out_features * in_features) &&
+           scale.size() == static_cast<std::size_t>(out_features);
+  }
 };
 
 }  // namespace detail

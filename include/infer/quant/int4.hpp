@@ -58,6 +58,29 @@ struct Int4Linear<cpu> {
     const auto k = static_cast<std::size_t>(o * groups + group_of(i));
     return scale[k] * (static_cast<float>(q[static_cast<std::size_t>(o * in_features + i)]) - zero[k]);
   }
+  /// Its arrays and sizes as they are in memory, for the engine file (io/engine_file.hpp), and whether
+  /// they agree with each other (a file's parts are checked before anything indexes them).
+  template <class Self, class V>
+  static void visit_parts(Self& self, V&& v) {
+    v("q", self.q);
+    v("scale", self.scale);
+    v("zero", self.zero);
+    v("g_idx", self.g_idx);
+    v("out", self.out_features);
+    v("in", self.in_features);
+    v("group_size", self.group_size);
+    v("groups", self.groups);
+  }
+  [[nodiscard]] bool consistent() const noexcept {
+    if (out_features <= 0 || in_features <= 0 || group_size <= 0 || groups <= 0) return false;
+    if (q.size() != static_cast<std::size_t>(out_features * in_features)) return false;
+    if (scale.size() != static_cast<std::size_t>(out_features * groups) || zero.size() != scale.size()) return false;
+    if (g_idx.empty()) return groups == (in_features + group_size - 1) / group_size;
+    if (g_idx.size() != static_cast<std::size_t>(in_features)) return false;
+    for (const std::int32_t g : g_idx)
+      if (g < 0 || g >= groups) return false;
+    return true;
+  }
 };
 
 }  // namespace detail

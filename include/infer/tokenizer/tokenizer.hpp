@@ -228,6 +228,8 @@ class Tokenizer {
   [[nodiscard]] const PreTokenizer& pre_tokenizer() const noexcept { return d_->spec.pre_tokenizer; }
   /// The model's Jinja chat template as stored (empty when it has none); see chat_template.hpp.
   [[nodiscard]] const std::string& chat_template_source() const noexcept { return d_->spec.chat_template; }
+  /// Everything it was built from (what an engine file stores to rebuild it).
+  [[nodiscard]] const TokenizerSpec& spec() const noexcept { return d_->spec; }
 
  private:
   struct Data {

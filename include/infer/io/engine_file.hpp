@@ -1,0 +1,185 @@
+#pragma once
+/// \file
+/// The engine file: a model built ahead for one engine (TensorRT-LLM's "engine"), written by `infer-build`
+/// and loaded by every program's `--engine-file`. It holds what the engine was built for and the weights
+/// already in the Quantizer's runtime layout, so loading is a copy of bytes, with no conversion and no
+/// quantization:
+///
+///   offset 0    "INFERENG"                      8 bytes, the magic
+///          8    format version                  u32 little-endian (kEngineFileVersion)
+///         12    0                               u32, reserved
+///         16    header length H                 u64
+///         24    FNV-1a 64 of the header         u64
+///         32    header                          H bytes of JSON (EngineFileInfo, the tokenizer, the part table)
+///         D     parts                           D = the header's "data_offset" (a multiple of 4096); each
+///                                               part starts at a multiple of 4096 from D
+///
+/// A *part* is one array of a loaded weight, named `<role>.<member>` ("blk.3.attn_q.scale"), with its
+/// element type ("f32", "i8", "u8", "i32") and byte count; scalars a layout needs (a group size) are in the
+/// header. Parts are aligned to 4096 bytes so that a loader can read them straight into device memory.
+///
+/// Refusals, each a typed error naming what differs: not an engine file (FormatError), another format
+/// version (UnsupportedError: both versions), a header whose checksum fails or that is not the JSON this
+/// version writes (FormatError), a file shorter than its header says (FormatError: "truncated", both
+/// sizes), a part that lies outside the data or does not match its type. What the file was built for
+/// (library version, backend, GPU architecture, quantizer) is checked by whoever loads it
+/// (engine/engine_file_build.hpp), which knows what it runs on. The weights' bytes carry no checksum
+/// (reading 8 GB twice would double the cold start); truncation is caught by the size check.
+///
+/// The implementation is compiled (kernels/cpu/engine_file.cpp), so the JSON library stays out of the
+/// translation units that load models.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "infer/core/error.hpp"
+#include "infer/engine/engine_options.hpp"
+#include "infer/model/model_config.hpp"
+#include "infer/tokenizer/spec.hpp"
+
+namespace infer {
+
+/// The format this library writes and reads.
+inline constexpr std::uint32_t kEngineFileVersion = 1;
+
+/// What an engine file was built for, and from what.
+struct EngineFileInfo {
+  std::uint32_t format_version = kEngineFileVersion;
+  std::string library_version;   ///< INFER_VERSION of the build that wrote it
+  std::string backend;           ///< "cpu" or "cuda"
+  std::string architecture;      ///< "cpu" (little-endian host) or the GPU's "sm_90"
+  std::string engine;            ///< "paged" or "static"
+  std::int32_t block_size = 16;  ///< paged engine: tokens per KV block
+  std::string quantizer;         ///< the LlmOptions name ("auto", "int8", "fp8", "int4", "bf16")
+  std::string quantizer_layout;  ///< the Quantizer's own name (Q::name, e.g. "int8-weight-only"): the parts' layout
+  EngineOptions engine_options;  ///< limits and the static shape it was built with (kv_cache_bytes, max_model_len,
+                                 ///< prefix caching, gpu_memory_utilization, static_shape, scheduler)
+  ModelConfig config;
+  std::string model;             ///< the model it was built from (ModelSource::describe)
+  std::string model_name;        ///< the name clients see (ModelSpec::name of the source)
+  /// GEMM algorithm picks measured at build, by problem ("m,n,k" → the backend's algorithm id). Empty on
+  /// the CPU, whose GEMM has no algorithms to pick.
+  std::map<std::string, std::string> gemm_algorithms;
+  std::map<std::string, std::int64_t> scalars;  ///< `<role>.<member>` scalars of the weights' layout
+};
+
+/// One array of the weights, as the file's table lists it.
+struct EngineFilePart {
+  std::string name;
+  std::string dtype;          ///< "f32", "i8", "u8", "i32" (element_type_name)
+  std::uint64_t offset = 0;   ///< from the data section's start
+  std::uint64_t bytes = 0;
+};
+
+/// The element type names parts use.
+template <class T>
+constexpr std::string_view element_type_name() {
+  if constexpr (std::is_same_v<T, float>) return "f32";
+  else if constexpr (std::is_same_v<T, std::int8_t>) return "i8";
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return "u8";
+  else if constexpr (std::is_same_v<T, std::int32_t>) return "i32";
+  else if constexpr (std::is_same_v<T, std::uint16_t>) return "u16";
+  else static_assert(sizeof(T) == 0, "infer engine file: parts are arrays of f32, i8, u8, i32 or u16");
+}
+
+/// An engine file opened for loading: the header checked, the parts mapped.
+class EngineFile {
+ public:
+  /// Errors as the file comment says, each naming `path`. IoError when it cannot be read.
+  static EngineFile open(const std::filesystem::path& path);
+
+  /// Whether `path` starts with the engine file magic (false when it cannot be read).
+  static bool is_engine_file(const std::filesystem::path& path);
+
+  EngineFile(EngineFile&&) noexcept;
+  EngineFile& operator=(EngineFile&&) noexcept;
+  ~EngineFile();
+
+  [[nodiscard]] const EngineFileInfo& info() const noexcept;
+  /// The tokenizer it was built with (nullopt: the model had none).
+  [[nodiscard]] const std::optional<TokenizerSpec>& tokenizer() const noexcept;
+  [[nodiscard]] const std::vector<EngineFilePart>& parts() const noexcept;
+  [[nodiscard]] const std::filesystem::path& path() const noexcept;
+
+  /// The bytes of part `name`, checked to be of element type `dtype`. FormatError naming the part when it
+  /// is absent or of another type.
+  [[nodiscard]] std::span<const std::byte> part(std::string_view name, std::string_view dtype) const;
+  /// A scalar of the weights' layout; FormatError when absent.
+  [[nodiscard]] std::int64_t scalar(std::string_view name) const;
+
+ private:
+  struct Impl;
+  explicit EngineFile(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Collects parts, then writes the file in one pass. The parts' bytes are borrowed: they must stay valid
+/// until write() returns (they are the loaded model's own arrays).
+class EngineFileWriter {
+ public:
+  void add_part(std::string name, std::string_view dtype, std::span<const std::byte> bytes);
+  void add_scalar(std::string name, std::int64_t value);
+
+  /// Writes `info`, `tokenizer`, the table and every part to `path` (through a temporary file in the same
+  /// folder, renamed at the end, so a reader never sees half a file). InvalidArgument for a part name
+  /// given twice; IoError naming the path when writing fails. Returns the bytes written.
+  std::uint64_t write(const std::filesystem::path& path, EngineFileInfo info,
+                      const std::optional<TokenizerSpec>& tokenizer) const;
+
+  [[nodiscard]] std::uint64_t data_bytes() const noexcept;
+  [[nodiscard]] std::size_t parts() const noexcept { return parts_.size(); }
+
+ private:
+  struct Pending {
+    std::string name;
+    std::string dtype;
+    std::span<const std::byte> bytes;
+  };
+  std::vector<Pending> parts_;
+  std::map<std::string, std::int64_t> scalars_;
+};
+
+/// Part visitors for a weight's `visit_parts(self, visitor)`: a linear layer (or any weight) lists its
+/// arrays (`v("q", q)`) and its scalars (`v("group_size", group_size)`). Saving borrows the arrays;
+/// restoring resizes them and copies the file's bytes in.
+struct EnginePartSaver {
+  EngineFileWriter& writer;
+  std::string prefix;  ///< "<role>."
+
+  template <class T>
+  void operator()(std::string_view member, const std::vector<T>& v) const {
+    writer.add_part(prefix + std::string(member), element_type_name<T>(), std::as_bytes(std::span<const T>(v)));
+  }
+  void operator()(std::string_view member, const std::int64_t& v) const {
+    writer.add_scalar(prefix + std::string(member), v);
+  }
+};
+
+struct EnginePartLoader {
+  const EngineFile& file;
+  std::string prefix;
+
+  template <class T>
+  void operator()(std::string_view member, std::vector<T>& v) const {
+    const std::string name = prefix + std::string(member);
+    const auto bytes = file.part(name, element_type_name<T>());
+    if (bytes.size() % sizeof(T) != 0)
+      throw FormatError(detail::cat("engine file '", file.path().string(), "': part '", name, "' holds ", bytes.size(),
+                                    " bytes, not a whole number of ", element_type_name<T>(), " values"));
+    v.resize(bytes.size() / sizeof(T));
+    if (!bytes.empty()) std::memcpy(v.data(), bytes.data(), bytes.size());
+  }
+  void operator()(std::string_view member, std::int64_t& v) const { v = file.scalar(prefix + std::string(member)); }
+};
+
+}  // namespace infer
