@@ -236,6 +236,10 @@ class Engine {
                                "one sample; use the paged engine for n > 1");
     require<InvalidArgument>(params.stop.empty() || source_->tokenizer() != nullptr,
                              "stop strings need a tokenizer, and ", source_->describe(), " has none; use stop_token_ids");
+    if constexpr (!kPromptScores)
+      if (params.prompt_logprobs)
+        throw UnsupportedError("prompt_logprobs: this engine's model does not compute the logprobs of prompt tokens "
+                               "yet (the cpu backend does)");
     const auto plen = static_cast<std::int64_t>(prompt.size());
     require<InvalidArgument>(plen + params.max_tokens <= max_model_len_, "the prompt has ", plen,
                              " tokens and max_tokens is ", params.max_tokens, ": ", plen + params.max_tokens,
@@ -264,6 +268,10 @@ class Engine {
     first.seq->arrival = next_arrival_++;
     first.seq->priority = req->params.priority;
     first.seq->tag = req->params.tag;
+    if (req->params.prompt_logprobs) {
+      first.seq->skip_prefix_cache_hits = true;  // every prompt token must be computed to be scored
+      req->output.prompt_logprobs.assign(static_cast<std::size_t>(plen), std::nullopt);
+    }
     scheduler_.check(*first.seq, std::as_const(alloc_));  // throws before anything is queued
     scheduler_.add(first.seq.get());
     stats_.requests_added++;
@@ -312,7 +320,8 @@ class Engine {
       chunks_.push_back(ForwardChunk{tokens, c.start, alloc_.block_table(*c.seq), c.samples});
       stats_.computed_tokens += c.count;
     }
-    const Pick pick = choose_pick(plan);
+    const bool scores = attach_score_targets(plan);
+    const Pick pick = scores ? Pick::host : choose_pick(plan);
     try {
       if constexpr (kDeviceArgmax) {
         if (pick == Pick::device_argmax) model_.forward_greedy(chunks_, cache_, greedy_ids_);
@@ -329,12 +338,16 @@ class Engine {
           model_.forward_sample(chunks_, cache_, sample_rows_, eos_id_, device_results_);
         }
       }
-      if (pick == Pick::host) model_.forward(chunks_, cache_, logits_);
+      if (pick == Pick::host) {
+        if constexpr (kPromptScores) model_.forward(chunks_, cache_, logits_, scores ? &scores_ : nullptr);
+        else model_.forward(chunks_, cache_, logits_);
+      }
     } catch (const std::exception& e) {
       fail_plan(plan, e.what(), out);
       end_trace();
       return out;
     }
+    if (scores) record_prompt_logprobs(plan);
 
     // Sample every row first (a row's logits are processed in place), then apply. A row that cannot be
     // sampled (non-finite logits) fails its request alone.
@@ -469,6 +482,46 @@ class Engine {
   static constexpr bool kDeviceSample =
       requires(model_type& m, std::vector<ForwardChunk>& ch, KvCache<B>& kv, std::vector<SampleRow>& rows,
                std::optional<std::int32_t> eos, std::vector<SampleResult>& res) { m.forward_sample(ch, kv, rows, eos, res); };
+
+  static constexpr bool kPromptScores =
+      requires(model_type& m, std::vector<ForwardChunk>& ch, KvCache<B>& kv, std::vector<float>& l, std::vector<float>* sc) {
+        m.forward(ch, kv, l, sc);
+      };
+
+  /// Gives every chunk of a request that asked for prompt logprobs its score targets: row i of a chunk at
+  /// position p is scored against the prompt token at p + 1 (-1 past the prompt). Returns whether any chunk
+  /// has targets.
+  bool attach_score_targets(const StepPlan& plan) {
+    score_targets_.clear();
+    std::vector<std::pair<std::size_t, std::size_t>> spans;  // chunk index → offset into score_targets_
+    for (std::size_t k = 0; k < plan.chunks.size(); ++k) {
+      const ScheduledChunk& c = plan.chunks[k];
+      if (!owner(c.seq)->params.prompt_logprobs || c.start >= c.seq->prompt_len) continue;
+      spans.emplace_back(k, score_targets_.size());
+      for (std::int32_t i = 0; i < c.count; ++i) {
+        const std::int32_t next = c.start + i + 1;
+        score_targets_.push_back(next < c.seq->prompt_len ? c.seq->tokens[static_cast<std::size_t>(next)] : -1);
+      }
+    }
+    for (const auto& [k, off] : spans)
+      chunks_[k].score_targets = std::span<const std::int32_t>(score_targets_).subspan(off, chunks_[k].tokens.size());
+    return !spans.empty();
+  }
+
+  /// Copies the model's scores of this step's scored rows into their requests' prompt_logprobs.
+  void record_prompt_logprobs(const StepPlan& plan) {
+    std::size_t row = 0;
+    for (std::size_t k = 0; k < plan.chunks.size(); ++k) {
+      const ForwardChunk& c = chunks_[k];
+      if (!c.score_targets.empty()) {
+        auto& lp = owner(plan.chunks[k].seq)->output.prompt_logprobs;
+        for (std::size_t i = 0; i < c.tokens.size(); ++i)
+          if (const std::int32_t t = c.score_targets[i]; t >= 0)
+            lp.at(static_cast<std::size_t>(c.start) + i + 1) = TokenLogprob{t, scores_.at(row + i), {}};
+      }
+      row += c.tokens.size();
+    }
+  }
 
   /// Where a step's tokens are chosen: from host logits by the CPU Sampler, by the model's argmax on the
   /// device (every sampled row plain greedy), or by the model's sampler on the device.
@@ -696,7 +749,8 @@ class Engine {
 
   // Per-step buffers, reused.
   std::vector<ForwardChunk> chunks_;
-  std::vector<float> logits_, fork_rows_, scratch_;
+  std::vector<float> logits_, fork_rows_, scratch_, scores_;
+  std::vector<std::int32_t> score_targets_;  ///< this step's prompt-logprob targets, spans of chunks_ point into it
   std::vector<std::int32_t> greedy_ids_;
   std::vector<SampleRow> sample_rows_;
   std::vector<SampleResult> device_results_;

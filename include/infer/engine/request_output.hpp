@@ -56,6 +56,10 @@ struct RequestOutput {
   RequestId id = 0;
   std::vector<std::int32_t> prompt_token_ids;
   std::vector<CompletionOutput> outputs;  ///< n entries, by index
+  /// With SamplingParams::prompt_logprobs: one entry per prompt token, filled as the prompt is computed
+  /// (complete in the output that brings the first generated token); the first is nullopt (nothing
+  /// predicts it), as in vLLM. Empty otherwise.
+  std::vector<std::optional<TokenLogprob>> prompt_logprobs;
   RequestMetrics metrics;
   bool finished = false;  ///< every sample finished
   std::string error;      ///< why the request failed, when it did (outputs finish with FinishReason::error)

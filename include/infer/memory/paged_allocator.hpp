@@ -100,7 +100,7 @@ class PagedBlockAllocator {
     std::int32_t hits_free = 0;  // hit blocks that are free now: touching them uses up free blocks too
     if (caching_) {
       extend_block_hashes(seq.tokens, BlockSize, keys_);
-      const auto max_hits = static_cast<std::size_t>((len - 1) / BlockSize);
+      const auto max_hits = seq.skip_prefix_cache_hits ? std::size_t{0} : static_cast<std::size_t>((len - 1) / BlockSize);
       for (std::size_t i = 0; i < max_hits; ++i) {
         const auto id = pool_.find(keys_[i]);
         if (!id) break;  // keys are chained: after the first miss nothing can hit

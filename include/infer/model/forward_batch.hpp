@@ -18,6 +18,9 @@ struct ForwardChunk {
   std::int32_t start = 0;                ///< position of tokens[0]; K/V of positions < start are in the cache
   std::span<const std::int32_t> block_table;  ///< the sequence's blocks (the allocator's block_table())
   bool samples = false;                        ///< produce logits for the chunk's last position
+  /// Empty, or one token per row: the model scores row i against score_targets[i] (log-probability of
+  /// that token after the row's position; -1: row not scored). What prompt logprobs are made of.
+  std::span<const std::int32_t> score_targets{};
 };
 
 /// One sampled row of a step, in the order of the chunks that sample: exactly what

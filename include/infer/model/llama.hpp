@@ -16,6 +16,7 @@
 /// Scratch buffers live in the model and grow to the largest step seen, so a steady-state step
 /// allocates nothing. A model is therefore not safe to call from two threads at once.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -83,11 +84,22 @@ class LlamaModel<cpu, Q, Attn> {
 
   /// Computes every chunk (all chunks' tokens batched through the GEMMs), writes their K/V into
   /// `cache` (block size = cache.block_size()), and fills `logits` with [number of chunks with
-  /// samples][vocab] rows in chunk order. InvalidArgument (nothing written) when a chunk is empty,
-  /// holds a token outside the vocabulary, or reaches past its block table or the cache; a cache
-  /// built for another shape; UnsupportedError past Mistral's sliding window (not implemented).
-  void forward(std::span<const ForwardChunk> chunks, KvCache<cpu>& cache, std::vector<float>& logits) {
+  /// samples][vocab] rows in chunk order. With `scores`, also the log-probability of each row's
+  /// `score_targets` token (one value per row of the step, in chunk order; NaN where not scored).
+  /// InvalidArgument (nothing written) when a chunk is empty, holds a token outside the vocabulary, has
+  /// score targets of the wrong count or outside the vocabulary, or reaches past its block table or the
+  /// cache; a cache built for another shape; UnsupportedError past Mistral's sliding window (not implemented).
+  void forward(std::span<const ForwardChunk> chunks, KvCache<cpu>& cache, std::vector<float>& logits,
+               std::vector<float>* scores = nullptr) {
     const std::int64_t T = validate_step(config_, chunks, cache);
+    for (const auto& c : chunks) {
+      if (c.score_targets.empty()) continue;
+      require<InvalidArgument>(c.score_targets.size() == c.tokens.size(), "LlamaModel::forward: ", c.score_targets.size(),
+                               " score targets for a chunk of ", c.tokens.size(), " tokens");
+      for (const std::int32_t t : c.score_targets)
+        require<InvalidArgument>(t >= -1 && t < config_.vocab_size, "LlamaModel::forward: score target ", t,
+                                 " is outside the vocabulary of ", config_.vocab_size);
+    }
     const std::int64_t H = config_.hidden_size, qs = config_.q_size(), kvs = config_.kv_size();
     const std::int64_t inter = config_.intermediate_size, V = config_.vocab_size;
     grow(T);
@@ -165,6 +177,8 @@ class LlamaModel<cpu, Q, Attn> {
       kernels::cpu::add(x_.data(), tmp_.data(), static_cast<std::size_t>(T * H));
     }
 
+    if (scores) score_rows(chunks, T, *scores);
+
     // ---- final norm and LM head, on the sampled rows only
     logits.resize(static_cast<std::size_t>(samples * V));
     if (samples == 0) return;
@@ -183,6 +197,42 @@ class LlamaModel<cpu, Q, Attn> {
     shape_.num_kv_heads = static_cast<std::int32_t>(c.num_kv_heads);
     shape_.head_dim = static_cast<std::int32_t>(c.head_dim);
     shape_.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  }
+
+  /// log p(target | row) for every row with a score target, from the final hidden states in x_: the rows
+  /// go through the final norm and the LM head kScoreRows at a time (a whole prompt's logits would be
+  /// rows × vocab floats), then a log-sum-exp per row, in double.
+  void score_rows(std::span<const ForwardChunk> chunks, std::int64_t T, std::vector<float>& scores) {
+    static constexpr std::int64_t kScoreRows = 32;
+    const std::int64_t H = config_.hidden_size, V = config_.vocab_size;
+    scores.assign(static_cast<std::size_t>(T), std::numeric_limits<float>::quiet_NaN());
+    std::vector<std::int64_t> rows;
+    std::vector<std::int32_t> targets;
+    std::int64_t row = 0;
+    for (const auto& c : chunks) {
+      for (std::size_t i = 0; i < c.tokens.size(); ++i, ++row)
+        if (!c.score_targets.empty() && c.score_targets[i] >= 0) {
+          rows.push_back(row);
+          targets.push_back(c.score_targets[i]);
+        }
+    }
+    std::vector<float> hidden(static_cast<std::size_t>(kScoreRows * H)), out(static_cast<std::size_t>(kScoreRows * V));
+    for (std::size_t first = 0; first < rows.size(); first += kScoreRows) {
+      const auto n = static_cast<std::int64_t>(std::min<std::size_t>(kScoreRows, rows.size() - first));
+      for (std::int64_t r = 0; r < n; ++r)
+        std::memcpy(&hidden[static_cast<std::size_t>(r * H)], &x_[static_cast<std::size_t>(rows[first + r] * H)],
+                    static_cast<std::size_t>(H) * sizeof(float));
+      kernels::cpu::rms_norm(hidden.data(), w_.output_norm.data(), hidden.data(), n, H, config_.rms_norm_eps);
+      Q::matmul(cpu{}, w_.lm_head(), hidden.data(), static_cast<std::int32_t>(n), out.data());
+      for (std::int64_t r = 0; r < n; ++r) {
+        const float* l = &out[static_cast<std::size_t>(r * V)];
+        const float top = *std::max_element(l, l + V);
+        double sum = 0;
+        for (std::int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(l[v]) - top);
+        scores[static_cast<std::size_t>(rows[first + r])] =
+            static_cast<float>(static_cast<double>(l[targets[first + r]]) - top - std::log(sum));
+      }
+    }
   }
 
   /// Grows the scratch buffers to hold `T` token rows (never shrinks them).

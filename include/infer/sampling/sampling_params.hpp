@@ -47,6 +47,11 @@ struct SamplingParams {
   std::int32_t max_tokens = 16;       ///< generated tokens at most (FinishReason::length)
   std::int32_t min_tokens = 0;        ///< EOS / stop ids / stop strings cannot end generation before this
   std::optional<std::int32_t> logprobs;  ///< top logprobs returned per token; 0 = only the sampled token's
+  /// vLLM's `prompt_logprobs`: the log-probability of every prompt token given the ones before it
+  /// (RequestOutput::prompt_logprobs), what perplexity is computed from. 0 only (each token's own; the top
+  /// alternatives of prompt tokens are not computed). Such a request skips the prefix cache's hits: a cached
+  /// token is not computed, so its logprob would be missing (vLLM does the same).
+  std::optional<std::int32_t> prompt_logprobs;
   bool skip_special_tokens = true;    ///< leave special tokens' text out of the output text
   bool include_stop_str_in_output = false;  ///< keep the matched stop string (or stop token's text)
 
@@ -149,6 +154,9 @@ struct SamplingParams {
       throw InvalidArgument(detail::cat("SamplingParams: tag is not valid UTF-8 (first bad byte at offset ",
                                         utf8::valid_prefix_length(tag), ")"));
     }
+    if (prompt_logprobs && *prompt_logprobs != 0)
+      throw InvalidArgument(detail::cat("SamplingParams: prompt_logprobs = ", *prompt_logprobs,
+                                        " is not supported; use 0 (each prompt token's own logprob)"));
     if (logprobs && (*logprobs < 0 || *logprobs > max_logprobs)) {
       throw InvalidArgument(detail::cat("SamplingParams: logprobs = ", *logprobs, " is out of range; use a value in [0, ",
                                         max_logprobs, "] (0 = only the sampled token's)"));

@@ -53,6 +53,9 @@ struct Sequence {
   SeqStatus status = SeqStatus::waiting;
   std::int32_t num_preemptions = 0;
   std::int32_t num_cached_tokens = 0;  ///< tokens the prefix cache supplied at the last admission
+  /// Compute every prompt token even when the prefix cache holds it (a request asking for prompt
+  /// logprobs); its blocks are still registered for others to hit.
+  bool skip_prefix_cache_hits = false;
   /// The request's priority (SamplingParams::priority, vLLM's meaning: lower is served earlier; 0 by
   /// default). Only policies that read it (PriorityOrder, a researcher's score) act on it.
   std::int32_t priority = 0;
