@@ -45,6 +45,23 @@ T get_le(const std::byte* src) {
 
 // ---- ModelConfig, EngineOptions, TokenizerSpec <-> JSON
 
+json quantization_json(const QuantizationConfig& q) {
+  return {{"method", q.method}, {"bits", q.bits}, {"group_size", q.group_size}, {"act_order", q.act_order},
+          {"symmetric", q.symmetric}, {"weight_type", q.weight_type}, {"quantizer", q.quantizer}};
+}
+
+QuantizationConfig quantization_from(const json& j) {
+  QuantizationConfig q;
+  j.at("method").get_to(q.method);
+  j.at("bits").get_to(q.bits);
+  j.at("group_size").get_to(q.group_size);
+  j.at("act_order").get_to(q.act_order);
+  j.at("symmetric").get_to(q.symmetric);
+  j.at("weight_type").get_to(q.weight_type);
+  j.at("quantizer").get_to(q.quantizer);
+  return q;
+}
+
 json config_json(const ModelConfig& c) {
   json rope = {{"kind", to_string(c.rope_scaling.kind)},
                {"factor", c.rope_scaling.factor},
@@ -69,7 +86,8 @@ json config_json(const ModelConfig& c) {
           {"attention_bias", c.attention_bias},
           {"sliding_window", c.sliding_window ? json(*c.sliding_window) : json(nullptr)},
           {"bos_token_id", c.bos_token_id ? json(*c.bos_token_id) : json(nullptr)},
-          {"eos_token_ids", c.eos_token_ids}};
+          {"eos_token_ids", c.eos_token_ids},
+          {"quantization", c.quantization ? quantization_json(*c.quantization) : json(nullptr)}};
 }
 
 template <class E, std::size_t N>
@@ -107,6 +125,7 @@ ModelConfig config_from(const json& j) {
   if (!j.at("sliding_window").is_null()) c.sliding_window = j.at("sliding_window").get<std::int64_t>();
   if (!j.at("bos_token_id").is_null()) c.bos_token_id = j.at("bos_token_id").get<std::int64_t>();
   j.at("eos_token_ids").get_to(c.eos_token_ids);
+  if (!j.at("quantization").is_null()) c.quantization = quantization_from(j.at("quantization"));
   c.validate();
   return c;
 }

@@ -117,6 +117,68 @@ struct Reader {
   }
 };
 
+/// quantization_config: {"quant_method", ...} → QuantizationConfig. The layouts infer reads: GPTQ 4-bit in
+/// the v1 checkpoint format (act-order or not), AWQ 4-bit GEMM packing, FP8 (vLLM / ModelOpt, dynamic
+/// activation scales), compressed-tensors INT8 channel-wise and FP8; anything else is UnsupportedError
+/// naming the key and value, rather than weights read in the wrong layout.
+inline QuantizationConfig parse_quantization_config(const Reader& r) {
+  QuantizationConfig q;
+  const auto method = r.string("quant_method");
+  if (!method) throw FormatError(cat(r.where, ": has no 'quant_method'"));
+  q.method = *method;
+  auto unsupported = [&](const std::string& what) {
+    throw UnsupportedError(cat(r.where, ": ", what, " is not supported"));
+  };
+  if (q.method == "gptq") {
+    q.bits = static_cast<std::int32_t>(r.integer("bits", 4));
+    q.group_size = static_cast<std::int32_t>(r.integer("group_size", 128));
+    q.act_order = r.boolean("desc_act", false);
+    q.symmetric = r.boolean("sym", true);
+    q.weight_type = "int";
+    if (q.bits != 4) unsupported(cat("GPTQ with bits = ", q.bits, " (infer's Int4 reads 4-bit)"));
+    if (const auto fmt = r.string("checkpoint_format"); fmt && *fmt != "gptq")
+      unsupported(cat("GPTQ checkpoint_format '", *fmt, "' (infer reads the v1 'gptq' format)"));
+    q.quantizer = "int4";
+  } else if (q.method == "awq") {
+    q.bits = static_cast<std::int32_t>(r.integer("bits", r.integer("w_bit", 4)));
+    q.group_size = static_cast<std::int32_t>(r.integer("group_size", r.integer("q_group_size", 128)));
+    q.symmetric = !r.boolean("zero_point", true);
+    q.weight_type = "int";
+    if (q.bits != 4) unsupported(cat("AWQ with bits = ", q.bits, " (infer's Int4 reads 4-bit)"));
+    if (const auto v = r.string("version"); v && *v != "gemm" && *v != "GEMM")
+      unsupported(cat("AWQ version '", *v, "' (infer reads the GEMM packing)"));
+    q.quantizer = "int4";
+  } else if (q.method == "fp8") {
+    q.bits = 8;
+    q.weight_type = "float";
+    if (const auto a = r.string("activation_scheme"); a && *a != "dynamic")
+      unsupported(cat("FP8 activation_scheme '", *a, "' (infer scales activations per token, dynamically)"));
+    q.quantizer = "fp8";
+  } else if (q.method == "compressed-tensors") {
+    // {"config_groups": {"group_0": {"weights": {"num_bits", "type", "strategy", "group_size", "symmetric"}}}}
+    const json* groups = r.raw("config_groups");
+    if (!groups || !groups->is_object() || groups->size() != 1)
+      unsupported("compressed-tensors without exactly one entry in config_groups");
+    const json& group = groups->begin().value();
+    const json* weights = group.is_object() && group.contains("weights") ? &group.at("weights") : nullptr;
+    if (!weights || !weights->is_object()) throw FormatError(cat(r.where, ": config_groups has no 'weights' scheme"));
+    const Reader w{*weights, cat(r.where, ": config_groups weights")};
+    q.bits = static_cast<std::int32_t>(w.integer("num_bits", 8));
+    q.weight_type = w.string("type").value_or("int");
+    q.symmetric = w.boolean("symmetric", true);
+    const std::string strategy = w.string("strategy").value_or("channel");
+    q.group_size = strategy == "group" ? static_cast<std::int32_t>(w.integer("group_size", 128)) : 0;
+    if (q.bits == 8 && q.weight_type == "int" && strategy == "channel" && q.symmetric) q.quantizer = "int8";
+    else if (q.bits == 8 && q.weight_type == "float" && (strategy == "channel" || strategy == "tensor")) q.quantizer = "fp8";
+    else
+      unsupported(cat("compressed-tensors weights of ", q.bits, "-bit ", q.weight_type, ", strategy '", strategy, "'",
+                      q.symmetric ? "" : ", asymmetric", " (infer reads int8 channel-wise and fp8)"));
+  } else {
+    unsupported(cat("quant_method '", q.method, "' (infer reads gptq, awq, fp8 and compressed-tensors)"));
+  }
+  return q;
+}
+
 /// rope_scaling (transformers 4.x) or rope_parameters (5.x): {"rope_type" (or older "type"), ...}.
 inline RopeScaling parse_rope_scaling(const Reader& r) {
   RopeScaling rs;
@@ -242,6 +304,11 @@ inline void read_token_ids(const Reader& r, const Defaults& d, ModelConfig& c) {
   }
 
   detail::hf::read_token_ids(r, d, c);
+
+  if (const auto* qc = r.raw("quantization_config"); qc && !qc->is_null()) {
+    if (!qc->is_object()) r.wrong("quantization_config", "an object or null", *qc);
+    c.quantization = detail::hf::parse_quantization_config(detail::hf::Reader{*qc, cat(src, ": quantization_config")});
+  }
 
   try {
     c.validate();

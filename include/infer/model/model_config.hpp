@@ -73,6 +73,24 @@ enum class RopeStyle : std::uint8_t {
 
 constexpr std::string_view to_string(RopeStyle s) noexcept { return s == RopeStyle::neox ? "neox" : "interleaved"; }
 
+/// How a checkpoint's weights are quantized, from config.json's `quantization_config` (what vLLM reads to
+/// pick its kernels). Only what infer's Quantizers need to know and check; the layouts themselves are read
+/// by the Quantizer from the tensors (quant/int8_weight_only.hpp, fp8.hpp, int4.hpp).
+struct QuantizationConfig {
+  /// "gptq", "awq", "fp8" (vLLM's / ModelOpt's FP8), or "compressed-tensors" (llm-compressor's).
+  std::string method;
+  std::int32_t bits = 0;        ///< weight bits (gptq, awq; compressed-tensors' num_bits; 8 for fp8)
+  std::int32_t group_size = 0;  ///< inputs per scale group (gptq, awq, compressed-tensors "group"); 0: per channel
+  bool act_order = false;       ///< gptq desc_act: groups in activation order (g_idx)
+  bool symmetric = true;        ///< gptq sym, awq !zero_point, compressed-tensors symmetric
+  std::string weight_type;      ///< "int" or "float" (compressed-tensors' weights.type; "float" for fp8)
+  /// The Quantizer that reads this layout, as LlmOptions names it ("int4", "fp8", "int8"), or empty when
+  /// infer has none.
+  std::string quantizer;
+
+  friend bool operator==(const QuantizationConfig&, const QuantizationConfig&) = default;
+};
+
 /// Sizes are signed so that `validate()` can report a negative value read from a file as such,
 /// rather than as a huge unsigned number.
 struct ModelConfig {
@@ -99,6 +117,9 @@ struct ModelConfig {
 
   std::optional<std::int64_t> bos_token_id;
   std::vector<std::int64_t> eos_token_ids;  ///< any of these ends generation (HF allows a list)
+
+  /// Set when the checkpoint says its weights are quantized (config.json's quantization_config).
+  std::optional<QuantizationConfig> quantization;
 
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 

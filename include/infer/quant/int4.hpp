@@ -156,8 +156,18 @@ struct Int4 {
     if (qw.type != DType::int32 || (!gptq && !awq))
       r.wrong_shape(qw, detail::cat("int32 [", r.in / 8, ", ", r.out, "] (GPTQ) or [", r.in, ", ", r.out / 8,
                                     "] (AWQ): 4-bit codes, eight to a word"));
+    // quantization_config, when the checkpoint has one, names the packing and the group size: both checked.
+    const auto& qc = r.source.config().quantization;
+    if (qc && (qc->method == "gptq" || qc->method == "awq") && (qc->method == "gptq") != gptq)
+      r.wrong_shape(qw, detail::cat("the ", qc->method, " packing its quantization_config names (",
+                                    qc->method == "gptq" ? detail::cat("[", r.in / 8, ", ", r.out, "]")
+                                                         : detail::cat("[", r.in, ", ", r.out / 8, "]"), ")"));
     const WeightTensor scales = r.require_companion("scales", name);
     const WeightTensor qzeros = r.require_companion("qzeros", name);
+    if (qc && qc->group_size > 0 && scales.shape.size() == 2 &&
+        scales.shape[0] * static_cast<std::uint64_t>(qc->group_size) != u(r.in))
+      r.wrong_shape(scales, detail::cat("[", r.in / qc->group_size, ", ", r.out, "]: group_size ", qc->group_size,
+                                        " from quantization_config"));
     if (scales.shape.size() != 2 || scales.shape[1] != u(r.out) || scales.shape[0] == 0 || r.in % static_cast<std::int64_t>(scales.shape[0]) != 0)
       r.wrong_shape(scales, detail::cat("[groups, ", r.out, "] with groups dividing ", r.in));
     linear<B> l;

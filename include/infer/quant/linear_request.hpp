@@ -61,14 +61,37 @@ struct LinearRequest {
   }
 };
 
+/// The Quantizer (as LlmOptions names it) that reads checkpoints quantized as `qc` says, for Q of `name`;
+/// empty for Quantizers that read unquantized weights only.
+constexpr std::string_view checkpoint_quantizer_of(std::string_view quantizer_name) {
+  if (quantizer_name == "int8-weight-only") return "int8";
+  if (quantizer_name == "fp8") return "fp8";
+  if (quantizer_name == "int4") return "int4";
+  return "";
+}
+
 /// Loads `r` through `Q`: by role when Q can, else its [out, in]-checked weight; then checks that the
-/// result is [out, in] (FormatError naming the Quantizer otherwise).
+/// result is [out, in] (FormatError naming the Quantizer otherwise). When the checkpoint is quantized
+/// (ModelConfig::quantization) in a layout Q does not read and its tensor cannot be loaded, the error says
+/// which quantizer does (UnsupportedError), instead of only that `weight` is missing.
 template <class Q, class B>
   requires Quantizer<Q, B>
 typename Q::template linear<B> load_linear(const LinearRequest& r, typename BackendTraits<B>::weight_store& store) {
-  auto w = [&] {
+  auto load = [&] {
     if constexpr (RoleQuantizer<Q, B>) return Q::template load<B>(r, store);
     else return Q::template load<B>(r.checked_weight(), store);
+  };
+  const auto& qc = r.source.config().quantization;
+  auto w = [&] {
+    if (!qc || qc->quantizer == checkpoint_quantizer_of(Q::name)) return load();
+    try {
+      return load();
+    } catch (const Error& e) {  // e.g. GPTQ's qweight where an unquantized `weight` was looked for
+      throw UnsupportedError(detail::cat(r.source.describe(), " is quantized (quantization_config: ", qc->method, ", ",
+                                         qc->bits, "-bit), which quantizer ", Q::name, " does not read",
+                                         qc->quantizer.empty() ? std::string() : detail::cat(": use --quantizer ", qc->quantizer),
+                                         " (loading '", r.role, "': ", e.what(), ")"));
+    }
   }();
   require<FormatError>(static_cast<std::int64_t>(w.out()) == r.out && static_cast<std::int64_t>(w.in()) == r.in,
                        Q::name, "::load of '", r.role, "' gave [", w.out(), ", ", w.in(), "], expected [", r.out, ", ",

@@ -244,6 +244,49 @@ TEST_CASE("hf config: unsupported models", "[model][config]") {
   CHECK_THROWS_WITH(from_hf_config(q), Contains("use_sliding_window"));
 }
 
+TEST_CASE("hf config: quantization_config names the layout and the quantizer that reads it", "[model][config][quant]") {
+  // As published: a GPTQ (AutoGPTQ / GPTQModel), an AWQ (AutoAWQ), an FP8 (vLLM / ModelOpt) and two
+  // compressed-tensors (llm-compressor) checkpoints' quantization_config.
+  const auto gptq = smol_with("quantization_config", json{{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128},
+                                                           {"desc_act", true}, {"sym", true}, {"checkpoint_format", "gptq"}});
+  REQUIRE(gptq.quantization);
+  CHECK(gptq.quantization->quantizer == "int4");
+  CHECK(gptq.quantization->group_size == 128);
+  CHECK(gptq.quantization->act_order);
+  const auto awq = smol_with("quantization_config", json{{"quant_method", "awq"}, {"bits", 4}, {"group_size", 64},
+                                                          {"zero_point", true}, {"version", "gemm"}});
+  REQUIRE(awq.quantization);
+  CHECK((awq.quantization->quantizer == "int4" && awq.quantization->group_size == 64 && !awq.quantization->symmetric));
+  const auto fp8 = smol_with("quantization_config", json{{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}});
+  CHECK((fp8.quantization && fp8.quantization->quantizer == "fp8" && fp8.quantization->weight_type == "float"));
+  auto ct = [](json weights) {
+    return json{{"quant_method", "compressed-tensors"}, {"format", "int-quantized"},
+                {"config_groups", {{"group_0", {{"targets", json::array({"Linear"})}, {"weights", std::move(weights)}}}}}};
+  };
+  const auto ct8 = smol_with("quantization_config", ct({{"num_bits", 8}, {"type", "int"}, {"strategy", "channel"}, {"symmetric", true}}));
+  CHECK((ct8.quantization && ct8.quantization->quantizer == "int8"));
+  const auto ctf = smol_with("quantization_config", ct({{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}}));
+  CHECK((ctf.quantization && ctf.quantization->quantizer == "fp8"));
+  CHECK_FALSE(smol_with("quantization_config", nullptr).quantization);
+
+  // Layouts infer does not read are refused by name, never loaded as something else.
+  const std::vector<std::pair<json, std::string>> refused = {
+      {{{"quant_method", "gptq"}, {"bits", 8}}, "bits = 8"},
+      {{{"quant_method", "gptq"}, {"bits", 4}, {"checkpoint_format", "gptq_v2"}}, "gptq_v2"},
+      {{{"quant_method", "awq"}, {"bits", 4}, {"version", "gemv"}}, "gemv"},
+      {{{"quant_method", "fp8"}, {"activation_scheme", "static"}}, "static"},
+      {ct({{"num_bits", 4}, {"type", "int"}, {"strategy", "group"}, {"group_size", 128}}), "4-bit int"},
+      {{{"quant_method", "bitsandbytes"}}, "bitsandbytes"},
+  };
+  for (const auto& [qc, what] : refused) {
+    INFO(qc.dump());
+    CHECK_THROWS_AS(smol_with("quantization_config", qc), UnsupportedError);
+    CHECK_THROWS_WITH(smol_with("quantization_config", qc), Contains("quantization_config") && Contains(what));
+  }
+  CHECK_THROWS_AS(smol_with("quantization_config", json{{"bits", 4}}), FormatError);
+  CHECK_THROWS_AS(smol_with("quantization_config", 4), FormatError);
+}
+
 TEST_CASE("hf config: wrongly typed keys are FormatErrors naming the key", "[model][config]") {
   const std::vector<std::pair<std::string, json>> bad = {
       {"hidden_size", "576"},        {"hidden_size", 576.0},     {"vocab_size", nullptr},

@@ -7,6 +7,9 @@
 // from another implementation's code.
 #include <catch2/catch.hpp>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -194,4 +197,35 @@ TEST_CASE("Int4 refuses a packing it cannot read, naming the tensor and what it 
   CHECK_THROWS_WITH(Int4Model::load(src), Contains("gate_proj.qweight"));
   // F32 finds no `weight` in a GPTQ checkpoint: NotFoundError naming it.
   CHECK_THROWS_AS(F32Model::load(src), NotFoundError);
+}
+
+TEST_CASE("Int4 follows quantization_config: the packing and group size it names are checked, and a Quantizer "
+          "that reads unquantized weights says which one reads the checkpoint", "[quant][int4][model]") {
+  auto with_config = [](const std::string& tag, const nlohmann::json& qc) {
+    const auto dir = rewrite_tiny_llama("infer-int4-config-" + tag, [](const std::string& n, const std::vector<float>& w,
+                                                                      std::int64_t out, std::int64_t in) {
+      return packed_entries(n, w, out, in, Packing::gptq);
+    });
+    std::ifstream in(dir / "config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    config["quantization_config"] = qc;
+    std::ofstream(dir / "config.json") << config.dump(1);
+    return dir;
+  };
+  // packed_entries packs every layer in groups of 32 inputs.
+  const ModelSource src = ModelSource::open(with_config("gptq32", {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 32}}));
+  const ModelConfig& c = src.config();
+  REQUIRE(c.quantization);
+  const auto down = Int4::load<cpu>(LinearRequest{src, "blk.1.ffn_down", c.hidden_size, c.intermediate_size});
+  CHECK(down.group_size == 32);
+  CHECK_NOTHROW(Int4Model::load(src));
+  const ModelSource other = ModelSource::open(with_config("gptq64", {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 64}}));
+  CHECK_THROWS_WITH(Int4::load<cpu>(LinearRequest{other, "blk.0.attn_q", c.q_size(), c.hidden_size}),
+                    Contains("q_proj.scales") && Contains("group_size 64 from quantization_config"));
+  CHECK_THROWS_WITH(F32Model::load(src), Contains("is quantized (quantization_config: gptq, 4-bit)") &&
+                                             Contains("use --quantizer int4"));
+
+  const ModelSource awq = ModelSource::open(with_config("awq-named", {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 32}}));
+  CHECK_THROWS_WITH(Int4::load<cpu>(LinearRequest{awq, "blk.1.ffn_down", c.hidden_size, c.intermediate_size}),
+                    Contains("down_proj.qweight") && Contains("the awq packing its quantization_config names"));
 }
