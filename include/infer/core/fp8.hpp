@@ -23,6 +23,17 @@ constexpr float e4m3_to_f32(std::uint8_t v) {
   return (v & 0x80u) ? -r : r;
 }
 
+/// Every e4m3 code's value (e4m3_to_f32 of 0..255), for decoding many codes: one load each instead of the
+/// exponent loop. A table rather than bit tricks, so it is exactly e4m3_to_f32.
+inline const std::array<float, 256>& e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (std::size_t c = 0; c < t.size(); ++c) t[c] = e4m3_to_f32(static_cast<std::uint8_t>(c));
+    return t;
+  }();
+  return table;
+}
+
 inline constexpr float kE4m3Max = 448.0f;
 
 /// f32 → e4m3, rounding to nearest (ties to the even code) and saturating to ±448, as the GPU's

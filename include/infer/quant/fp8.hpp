@@ -139,6 +139,7 @@ struct Fp8 {
     const std::int64_t in = w.in();
     thread_local std::vector<float> xq;
     thread_local std::vector<std::uint8_t> codes;
+    const float* lut = e4m3_table().data();
     xq.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(in));
     codes.resize(static_cast<std::size_t>(in));
     for (std::int32_t r = 0; r < rows; ++r) {
@@ -146,11 +147,15 @@ struct Fp8 {
                                              static_cast<std::size_t>(in)),
                                    codes.data());
       float* dst = xq.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(in);
-      for (std::int64_t i = 0; i < in; ++i) dst[i] = e4m3_to_f32(codes[static_cast<std::size_t>(i)]) * s;
+      for (std::int64_t i = 0; i < in; ++i) dst[i] = lut[codes[static_cast<std::size_t>(i)]] * s;
     }
+    // The same values as w.value(o, i), through the table.
     detail::tiled_gemm_xwt(xq.data(), rows, w.out(), in, y, [&](std::int64_t o0, std::int64_t n, float* tile) {
-      for (std::int64_t o = 0; o < n; ++o)
-        for (std::int64_t i = 0; i < in; ++i) tile[o * in + i] = w.value(o0 + o, i);
+      for (std::int64_t o = 0; o < n; ++o) {
+        const std::uint8_t* q = w.q.data() + (o0 + o) * in;
+        const float s = w.scale[static_cast<std::size_t>(o0 + o)];
+        for (std::int64_t i = 0; i < in; ++i) tile[o * in + i] = lut[q[i]] * s;
+      }
     });
   }
 };
