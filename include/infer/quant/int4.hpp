@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// `infer::Int4`: 4-bit weights in groups along the input dimension (W4A16), asymmetric:
-/// w[o][i] = s[o][g] · (q[o][i] − z[o][g]) with q, z in 0..15 and g the group of input i. This is its CPU
+/// w[o][i] = s[o][g] · (q[o][i] − z[o][g]) with q in 0..15, z a float (an integer in 0..15 but for GGUF Q4_1)
+/// and g the group of input i. This is its CPU
 /// implementation (codes kept one per byte): the reference a GPU kernel is checked against.
 ///
 /// It loads by role (RoleQuantizer). The two checkpoint layouts vLLM serves load as they are, told apart by
@@ -11,6 +12,7 @@
 ///     (the group of each input; with act-order it is not i / group_size) when present;
 ///   - AWQ (GEMM layout): `qweight` [in, out/8], output column 8c + kAwqOrder[k] in nibble k of word c;
 ///     `qzeros` [groups, out/8] packed the same way, holding z; `scales` [groups, out].
+/// GGUF Q4_0 and Q4_1 weights load as they are too (from_gguf_q4: groups of 32, the blocks' own scales).
 /// Any other weight is quantized at load by round-to-nearest per group of kGroupSize inputs (or the largest
 /// power of two below it that divides the input width): over the group's range widened to hold 0 (so 0 is
 /// exact, as AWQ and GPTQ make it), s = (max − min) / 15, z = round(−min / s), q = clamp(round(w / s) + z,
@@ -29,7 +31,9 @@
 #include "infer/concepts.hpp"
 #include "infer/core/backend.hpp"
 #include "infer/core/error.hpp"
+#include "infer/core/half.hpp"
 #include "infer/quant/f32.hpp"
+#include "infer/quant/gguf_blocks.hpp"
 #include "infer/quant/linear_request.hpp"
 #include "infer/quant/tiled_gemm.hpp"
 
@@ -136,6 +140,55 @@ struct Int4 {
     return l;
   }
 
+  /// GGUF Q4_0 / Q4_1 blocks as they are: already 4-bit in groups of 32 along the input, so group 32 with
+  /// the block's own scale. Q4_0's d·(q − 8) is s = d, z = 8 exactly; Q4_1's d·q + m is s = d, z = −m/d (a
+  /// float zero; equal to the block's value up to one f32 rounding), and a block with d = 0 holds m everywhere
+  /// (codes 0, s = m, z = −1). FormatError when the bytes do not hold [out, in] of such blocks.
+  static linear<cpu> from_gguf_q4(const WeightTensor& t, std::int64_t out, std::int64_t in) {
+    constexpr std::int64_t kBlock = 32;
+    const bool q4_1 = t.type == DType::q4_1;
+    const std::size_t block_bytes = q4_1 ? sizeof(quant::BlockQ4_1) : sizeof(quant::BlockQ4_0);
+    const std::int64_t blocks = in / kBlock;
+    require<FormatError>(in % kBlock == 0 && t.data.size() == static_cast<std::size_t>(out * blocks) * block_bytes,
+                         name, ": tensor '", t.name, "' (", q4_1 ? "q4_1" : "q4_0", ") holds ", t.data.size(),
+                         " bytes, not [", out, ", ", in, "] in blocks of 32");
+    linear<cpu> l;
+    l.out_features = out;
+    l.in_features = in;
+    l.group_size = kBlock;
+    l.groups = blocks;
+    l.q.resize(static_cast<std::size_t>(out * in));
+    l.scale.resize(static_cast<std::size_t>(out * blocks));
+    l.zero.resize(l.scale.size());
+    for (std::int64_t o = 0; o < out; ++o)
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::byte* src = t.data.data() + static_cast<std::size_t>(o * blocks + b) * block_bytes;
+        std::uint16_t d16 = 0, m16 = 0;
+        std::memcpy(&d16, src, 2);
+        if (q4_1) std::memcpy(&m16, src + 2, 2);
+        const auto* qs = reinterpret_cast<const std::uint8_t*>(src + (q4_1 ? 4 : 2));
+        const float d = f16_to_f32(d16), m = f16_to_f32(m16);
+        const auto k = static_cast<std::size_t>(o * blocks + b);
+        std::uint8_t* q = l.q.data() + o * in + b * kBlock;
+        for (int j = 0; j < 16; ++j) {  // byte j: value j (low nibble) and value j + 16 (high nibble)
+          q[j] = static_cast<std::uint8_t>(qs[j] & 0x0f);
+          q[j + 16] = static_cast<std::uint8_t>(qs[j] >> 4);
+        }
+        if (!q4_1) {
+          l.scale[k] = d;
+          l.zero[k] = 8.0f;
+        } else if (d != 0.0f) {
+          l.scale[k] = d;
+          l.zero[k] = -m / d;
+        } else {
+          std::fill(q, q + kBlock, std::uint8_t{0});
+          l.scale[k] = m;
+          l.zero[k] = -1.0f;
+        }
+      }
+    return l;
+  }
+
   /// The weight of `r`: a GPTQ or AWQ checkpoint's `qweight`, `qzeros`, `scales` (and `g_idx`) as they are,
   /// else its weight quantized at load. FormatError for a packed tensor of the wrong shape, NotFoundError
   /// for `qweight` without its companions.
@@ -145,6 +198,7 @@ struct Int4 {
     const auto packed = r.companion("qweight");
     if (!packed) {
       const WeightTensor t = r.checked_weight();
+      if (!t.dummy && (t.type == DType::q4_0 || t.type == DType::q4_1)) return from_gguf_q4(t, r.out, r.in);
       std::vector<float> w(static_cast<std::size_t>(r.out * r.in));
       dequantize_to_f32(t, w);
       return quantize(w, r.out, r.in, group_size_for(r.in));

@@ -229,3 +229,42 @@ TEST_CASE("Int4 follows quantization_config: the packing and group size it names
   CHECK_THROWS_WITH(Int4::load<cpu>(LinearRequest{awq, "blk.1.ffn_down", c.hidden_size, c.intermediate_size}),
                     Contains("down_proj.qweight") && Contains("the awq packing its quantization_config names"));
 }
+
+TEST_CASE("Int4 keeps GGUF Q4_0 and Q4_1 blocks as they are: groups of 32, the blocks' own scales",
+          "[quant][int4][gguf]") {
+  std::mt19937 rng(20261205);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> real(-0.05f, 0.05f);
+  const std::int64_t out = 5, in = 96;  // 3 blocks a row
+  for (const DType type : {DType::q4_0, DType::q4_1}) {
+    INFO(name(type));
+    const bool q4_1 = type == DType::q4_1;
+    const std::size_t block_bytes = q4_1 ? 20 : 18;
+    std::vector<std::byte> bytes(static_cast<std::size_t>(out * in / 32) * block_bytes);
+    for (std::size_t b = 0; b < bytes.size() / block_bytes; ++b) {
+      std::byte* blk = bytes.data() + b * block_bytes;
+      const std::uint16_t d = b == 4 ? 0 : f32_to_f16(std::fabs(real(rng)) + 1e-3f);  // block 4: d = 0
+      const std::uint16_t m = f32_to_f16(real(rng));
+      std::memcpy(blk, &d, 2);
+      if (q4_1) std::memcpy(blk + 2, &m, 2);
+      for (std::size_t j = q4_1 ? 4 : 2; j < block_bytes; ++j) blk[j] = static_cast<std::byte>(byte(rng));
+    }
+    const WeightTensor t{"w", type, {static_cast<std::uint64_t>(out), static_cast<std::uint64_t>(in)}, bytes, std::nullopt};
+    std::vector<float> want(static_cast<std::size_t>(out * in));
+    dequantize_to_f32(t, want);
+    const auto l = Int4::from_gguf_q4(t, out, in);
+    CHECK(l.group_size == 32);
+    CHECK(l.consistent());
+    double worst = 0;
+    for (std::int64_t o = 0; o < out; ++o)
+      for (std::int64_t i = 0; i < in; ++i) {
+        const float w = want[static_cast<std::size_t>(o * in + i)];
+        worst = std::max(worst, std::fabs(static_cast<double>(l.value(o, i)) - w));
+      }
+    // Q4_0 is exact; Q4_1's d·(q + m/d) differs from d·q + m by f32 rounding only (values below 1: a few
+    // units of 2^-24).
+    CHECK(worst <= (q4_1 ? 2e-7 : 0.0));
+  }
+  const WeightTensor short_t{"w", DType::q4_1, {2, 64}, std::span<const std::byte>(), std::nullopt};
+  CHECK_THROWS_WITH(Int4::from_gguf_q4(short_t, 2, 64), Contains("not [2, 64] in blocks of 32"));
+}
