@@ -87,7 +87,9 @@ class Client {
     Reply reply;
     for (int attempt = 0; attempt < 2; ++attempt) {
       bool reused = false;
-      std::optional<tcp::socket> sock = co_await acquire(reply, reused);
+      // The resend opens a new connection: when the server hung up on one idle connection it has often
+      // hung up on the others too (llama-server closes after nearly every reply, without saying so).
+      std::optional<tcp::socket> sock = co_await acquire(reply, reused, /*fresh=*/attempt > 0);
       if (!sock) co_return reply;
       bool any_byte = false;
       reply = co_await exchange(*sock, method, target, body, on_body, any_byte);
@@ -104,9 +106,10 @@ class Client {
   [[nodiscard]] std::size_t connections_opened() const noexcept { return opened_; }
 
  private:
-  /// An idle kept-alive connection, or a new one; nullopt (reply says why) when connecting failed.
-  net::awaitable<std::optional<tcp::socket>> acquire(Reply& reply, bool& reused) {
-    while (!idle_.empty()) {
+  /// An idle kept-alive connection (unless `fresh`), or a new one; nullopt (reply says why) when connecting
+  /// failed.
+  net::awaitable<std::optional<tcp::socket>> acquire(Reply& reply, bool& reused, bool fresh) {
+    while (!fresh && !idle_.empty()) {
       tcp::socket s = std::move(idle_.back());
       idle_.pop_back();
       if (s.is_open()) {
