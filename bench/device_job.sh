@@ -3,8 +3,10 @@
 # 30 s is given back, so a build or a suite longer than one call runs detached, and each call waits on it.
 #   bench/device_job.sh start NAME CMD...   run CMD detached (setsid), its output in /root/jobs/NAME.log
 #   bench/device_job.sh wait NAME SECONDS [DIR]  wait up to SECONDS for it to end; print its log's tail and
-#                                           copy the log (and DIR's files, e.g. the job's own results folder)
-#                                           to $OUT (if set); exit with its status, or 124 while it runs
+#                                           copy the log, and DIR (e.g. the job's own results folder) packed
+#                                           as DIR.tgz, to $OUT (if set); exit with its status, or 124 while it runs
+# The device tool empties $OUT before every call and brings back at most 8 files: DIR must be a folder of
+# its own (never $OUT itself), and it comes back as one archive, whole at every call.
 # The job inherits the environment of the call that starts it (source .deps/unpack.sh first).
 set -uo pipefail
 dir=/root/jobs
@@ -24,7 +26,7 @@ case "${1:-}" in
     tail -n 25 "$dir/$name.log"
     if [ -n "${OUT:-}" ]; then
       cp "$dir/$name.log" "$OUT/"
-      [ -n "${4:-}" ] && [ -d "$4" ] && cp -r "$4"/. "$OUT/"
+      [ -n "${4:-}" ] && [ -d "$4" ] && tar czf "$OUT/$(basename "$4").tgz" -C "$4" .
     fi
     if [ -f "$dir/$name.rc" ]; then
       echo "$name: ended with status $(cat "$dir/$name.rc")"

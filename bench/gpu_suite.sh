@@ -41,12 +41,14 @@
 # on it, so issue each call as soon as the last returns):
 #   1-2. the model's two parts (stage.sh), each a call of under a second;
 #   3.   carrying .deps: `source .deps/unpack.sh && mkdir -p models && ln -sf /root/stage/<model> models/ &&
-#        export INFER_COMMIT=<sha> SESSION_OUT=/root/out && bench/device_job.sh start session bash
+#        export INFER_COMMIT=<sha> SESSION_OUT=/root/session && bench/device_job.sh start session bash
 #        bench/gpu_session.sh build reference test engines router "seeds 1 2" && bench/device_job.sh wait session
-#        560 /root/out` (the phases run detached, one log each in /root/out, copied to the call's $OUT);
-#   4+.  `bench/device_job.sh wait session 560 /root/out` until it ends.
-# Measured on 2026-12-05 at 5933470: `build` 358 s; the [cuda] suite ~8 min (before ReferenceMemo and the
-# threaded perturbation, which should shorten it: not yet measured), `engines` ~1 min, `connections` ~1 min.
+#        560 /root/session` (the phases run detached, one log each in /root/session, packed into the call's
+#        $OUT as session.tgz; never use $OUT itself, which every call empties);
+#   4+.  `bench/device_job.sh wait session 560 /root/session` until it ends.
+# Measured on 2026-12-05 at 5b34b23: `build` 359 s (llama.cpp's build beside it), the whole [cuda] suite 180 s
+# with fixed seeds and ~170 s per other seed (seeds 1-3 in 506 s), `engines` 23 s, `router` 43 s, `peer-serve` 265 s (after
+# .xfer/peers/device.sh build, ~6 min beside ours, and models, 95 s); `connections` ~1 min (5933470).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${BUILD:-build-gpu}
