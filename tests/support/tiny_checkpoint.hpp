@@ -16,9 +16,11 @@
 namespace infer::test {
 
 /// A copy of the tiny Llama fixture's folder whose linear layers are given by `linear(name, f32 values,
-/// out, in)` (returning the entries to write for that weight); every other tensor as f32.
+/// out, in)` (returning the entries to write for that weight); every other tensor as f32. The LM head is
+/// written as f32 too, as quantized checkpoints ship it (GPTQ, AWQ, ModelOpt and compressed-tensors leave
+/// `lm_head` out), unless `quantized_head`.
 template <class F>
-std::filesystem::path rewrite_tiny_llama(const std::string& dir_name, F&& linear) {
+std::filesystem::path rewrite_tiny_llama(const std::string& dir_name, F&& linear, bool quantized_head = false) {
   const ModelSource src = ModelSource::open(fixture("tiny_llama"));
   const ModelConfig& c = src.config();
   const auto dir = std::filesystem::temp_directory_path() / dir_name;
@@ -40,7 +42,7 @@ std::filesystem::path rewrite_tiny_llama(const std::string& dir_name, F&& linear
   };
   add("token_embd", false);
   add("output_norm", false);
-  add("output", true);
+  add("output", quantized_head);
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     const auto role = [&](const char* n) { return detail::cat("blk.", i, ".", n); };
     for (const char* n : {"attn_norm", "ffn_norm"}) add(role(n), false);

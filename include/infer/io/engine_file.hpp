@@ -50,7 +50,8 @@
 namespace infer {
 
 /// The format this library writes and reads.
-inline constexpr std::uint32_t kEngineFileVersion = 1;
+/// 2: the CPU quantizers' linears list a `dense` part (the LM head kept out of INT8, FP8 and INT4).
+inline constexpr std::uint32_t kEngineFileVersion = 2;
 
 /// What an engine file was built for, and from what.
 struct EngineFileInfo {

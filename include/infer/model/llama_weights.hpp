@@ -84,11 +84,13 @@ inline std::vector<float> load_vector(const ModelSource& src, const std::string&
   return v;
 }
 
-/// A linear layer [out, in] of `role` through the Quantizer (load_linear: by role, or its checked tensor).
+/// A linear layer [out, in] of `role` through the Quantizer (load_linear: by role, or its checked tensor);
+/// `lm_head` tells a role-loading Quantizer that this is the LM head (LinearRequest::lm_head).
 template <class Q, class B>
 typename Q::template linear<B> load_linear(const ModelSource& src, const std::string& role, std::int64_t out,
-                                           std::int64_t in, typename BackendTraits<B>::weight_store& store) {
-  return infer::load_linear<Q, B>(LinearRequest{src, role, out, in}, store);
+                                           std::int64_t in, typename BackendTraits<B>::weight_store& store,
+                                           bool lm_head = false) {
+  return infer::load_linear<Q, B>(LinearRequest{src, role, out, in, lm_head}, store);
 }
 
 }  // namespace detail
@@ -107,9 +109,9 @@ LlamaWeights<Q, B> load_llama_weights(const ModelSource& src) {
   if constexpr (EmbeddingQuantizer<Q, B>) w.token_embd = detail::load_linear<Q, B>(src, "token_embd", c.vocab_size, hidden, store);
   else w.token_embd = detail::load_linear<F32, cpu>(src, "token_embd", c.vocab_size, hidden, store);
   w.output_norm = detail::load_vector(src, "output_norm", hidden);
-  if (!c.tie_word_embeddings) w.output.emplace(detail::load_linear<Q, B>(src, "output", c.vocab_size, hidden, store));
+  if (!c.tie_word_embeddings) w.output.emplace(detail::load_linear<Q, B>(src, "output", c.vocab_size, hidden, store, true));
   else if constexpr (!EmbeddingQuantizer<Q, B>)  // tied, and Q cannot serve the embedding: the head alone through Q
-    w.output.emplace(detail::load_linear<Q, B>(src, "token_embd", c.vocab_size, hidden, store));
+    w.output.emplace(detail::load_linear<Q, B>(src, "token_embd", c.vocab_size, hidden, store, true));
   w.layers.reserve(static_cast<std::size_t>(c.num_layers));
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     const auto role = [&](const char* name) { return cat("blk.", i, ".", name); };

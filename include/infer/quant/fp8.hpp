@@ -11,6 +11,8 @@
 /// Activations: dynamic, per token: each input row x is scaled by s_x = max|x| / 448 and rounded to e4m3
 /// before the product (a checkpoint's static `input_scale` is therefore not needed, and not read).
 /// matmul computes y[r][o] = Σ_i (q_x[r][i] · s_x[r]) · (q[o][i] · s[o]) in f32.
+/// The LM head is kept out of FP8, weights and activations (quant/kept_head.hpp), unless the checkpoint holds
+/// it in FP8.
 
 #include <algorithm>
 #include <cmath>
@@ -26,6 +28,7 @@
 #include "infer/core/fp8.hpp"
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/quant/f32.hpp"
+#include "infer/quant/kept_head.hpp"
 #include "infer/quant/linear_request.hpp"
 #include "infer/quant/tiled_gemm.hpp"
 
@@ -39,7 +42,7 @@ struct Fp8Linear;
 
 /// e4m3 codes [out][in] row-major, and one scale per output row.
 template <>
-struct Fp8Linear<cpu> {
+struct Fp8Linear<cpu> : KeptHead {
   std::vector<std::uint8_t> q;
   std::vector<float> scale;
   std::int64_t out_features = 0;
@@ -49,6 +52,7 @@ struct Fp8Linear<cpu> {
   [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
   /// w[o][i] as the matmul uses it: e4m3(q) · s, in f32.
   [[nodiscard]] float value(std::int64_t o, std::int64_t i) const noexcept {
+    if (is_dense()) return dense[static_cast<std::size_t>(o * in_features + i)];
     return e4m3_to_f32(q[static_cast<std::size_t>(o * in_features + i)]) * scale[static_cast<std::size_t>(o)];
   }
   /// Its arrays and sizes as they are in memory, for the engine file (io/engine_file.hpp), and whether
@@ -57,10 +61,12 @@ struct Fp8Linear<cpu> {
   static void visit_parts(Self& self, V&& v) {
     v("q", self.q);
     v("scale", self.scale);
+    v("dense", self.dense);
     v("out", self.out_features);
     v("in", self.in_features);
   }
   [[nodiscard]] bool consistent() const noexcept {
+    if (is_dense()) return dense_consistent(out_features, in_features, q.empty() && scale.empty());
     return out_features > 0 && in_features > 0 && q.size() == static_cast<std::size_t>(out_features * in_features) &&
            scale.size() == static_cast<std::size_t>(out_features);
   }
@@ -111,6 +117,7 @@ struct Fp8 {
     static_assert(std::is_same_v<B, cpu>, "infer::Fp8::load: only the cpu backend is implemented so far");
     const WeightTensor t = r.checked_weight();
     const auto n = static_cast<std::size_t>(r.out * r.in);
+    if (t.type != DType::fp8_e4m3 && r.lm_head) return detail::KeptHead::keep<linear<B>>(r);
     if (t.type != DType::fp8_e4m3) {
       std::vector<float> w(n);
       dequantize_to_f32(t, w);
@@ -136,6 +143,7 @@ struct Fp8 {
 
   /// y[rows][w.out()] = e4m3(x)·s_x · (e4m3(w)·s_w)ᵀ, each row of x quantized with its own scale.
   static void matmul(cpu, const linear<cpu>& w, const float* x, std::int32_t rows, float* y) {
+    if (w.dense_matmul(w.out(), w.in(), x, rows, y)) return;
     const std::int64_t in = w.in();
     thread_local std::vector<float> xq;
     thread_local std::vector<std::uint8_t> codes;

@@ -18,6 +18,7 @@
 /// exact, as AWQ and GPTQ make it), s = (max − min) / 15, z = round(−min / s), q = clamp(round(w / s) + z,
 /// 0, 15): every value within s / 2. A group of zeros has s = 0.
 /// matmul decodes tiles of rows to f32 (quant/tiled_gemm.hpp): exactly x · (s·(q − z))ᵀ in f32.
+/// The LM head is kept out of INT4 (quant/kept_head.hpp) unless the checkpoint packed it.
 
 #include <algorithm>
 #include <array>
@@ -34,6 +35,7 @@
 #include "infer/core/half.hpp"
 #include "infer/quant/f32.hpp"
 #include "infer/quant/gguf_blocks.hpp"
+#include "infer/quant/kept_head.hpp"
 #include "infer/quant/linear_request.hpp"
 #include "infer/quant/tiled_gemm.hpp"
 
@@ -46,7 +48,7 @@ template <class B>
 struct Int4Linear;
 
 template <>
-struct Int4Linear<cpu> {
+struct Int4Linear<cpu> : KeptHead {
   std::vector<std::uint8_t> q;       ///< [out][in], 0..15
   std::vector<float> scale, zero;    ///< [out][groups]
   std::vector<std::int32_t> g_idx;   ///< [in] group of each input; empty: input i is in group i / group_size
@@ -59,6 +61,7 @@ struct Int4Linear<cpu> {
   }
   /// w[o][i] as the matmul uses it: s · (q − z), in f32.
   [[nodiscard]] float value(std::int64_t o, std::int64_t i) const noexcept {
+    if (is_dense()) return dense[static_cast<std::size_t>(o * in_features + i)];
     const auto k = static_cast<std::size_t>(o * groups + group_of(i));
     return scale[k] * (static_cast<float>(q[static_cast<std::size_t>(o * in_features + i)]) - zero[k]);
   }
@@ -70,12 +73,16 @@ struct Int4Linear<cpu> {
     v("scale", self.scale);
     v("zero", self.zero);
     v("g_idx", self.g_idx);
+    v("dense", self.dense);
     v("out", self.out_features);
     v("in", self.in_features);
     v("group_size", self.group_size);
     v("groups", self.groups);
   }
   [[nodiscard]] bool consistent() const noexcept {
+    if (is_dense())
+      return dense_consistent(out_features, in_features,
+                              q.empty() && scale.empty() && zero.empty() && g_idx.empty() && group_size == 0 && groups == 0);
     if (out_features <= 0 || in_features <= 0 || group_size <= 0 || groups <= 0) return false;
     if (q.size() != static_cast<std::size_t>(out_features * in_features)) return false;
     if (scale.size() != static_cast<std::size_t>(out_features * groups) || zero.size() != scale.size()) return false;
@@ -196,6 +203,7 @@ struct Int4 {
   static linear<B> load(const LinearRequest& r, cpu = {}) {
     static_assert(std::is_same_v<B, cpu>, "infer::Int4::load: only the cpu backend is implemented so far");
     const auto packed = r.companion("qweight");
+    if (!packed && r.lm_head) return detail::KeptHead::keep<linear<B>>(r);
     if (!packed) {
       const WeightTensor t = r.checked_weight();
       if (!t.dummy && (t.type == DType::q4_0 || t.type == DType::q4_1)) return from_gguf_q4(t, r.out, r.in);
@@ -272,8 +280,9 @@ struct Int4 {
     return l;
   }
 
-  /// y[rows][w.out()] = x[rows][w.in()] · (s·(q − z))ᵀ.
+  /// y[rows][w.out()] = x[rows][w.in()] · (s·(q − z))ᵀ (· denseᵀ for a kept head).
   static void matmul(cpu, const linear<cpu>& w, const float* x, std::int32_t rows, float* y) {
+    if (w.dense_matmul(w.out(), w.in(), x, rows, y)) return;
     const std::int64_t in = w.in();
     // The same values as w.value(o, i), a group's scale and zero fetched once per group (or per input
     // through g_idx) instead of a division per weight.

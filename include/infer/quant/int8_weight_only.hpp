@@ -12,6 +12,7 @@
 ///
 /// matmul dequantizes a tile of rows at a time into f32 and multiplies it through the CPU GEMM
 /// (quant/tiled_gemm.hpp), so it computes exactly x · (q·s)ᵀ in f32 without ever holding the f32 matrix.
+/// The LM head is kept out of INT8 (quant/kept_head.hpp) unless the checkpoint holds it in INT8.
 
 #include <algorithm>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "infer/core/error.hpp"
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/quant/f32.hpp"
+#include "infer/quant/kept_head.hpp"
 #include "infer/quant/linear_request.hpp"
 #include "infer/quant/tiled_gemm.hpp"
 
@@ -39,7 +41,7 @@ struct Int8Linear;
 
 /// q [out][in] int8 row-major, and one scale per output row.
 template <>
-struct Int8Linear<cpu> {
+struct Int8Linear<cpu> : KeptHead {
   std::vector<std::int8_t> q;
   std::vector<float> scale;
   std::int64_t out_features = 0;
@@ -49,6 +51,7 @@ struct Int8Linear<cpu> {
   [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
   /// w[o][i] as the matmul uses it: q · s, in f32.
   [[nodiscard]] float value(std::int64_t o, std::int64_t i) const noexcept {
+    if (is_dense()) return dense[static_cast<std::size_t>(o * in_features + i)];
     return static_cast<float>(q[static_cast<std::size_t>(o * in_features + i)]) * scale[static_cast<std::size_t>(o)];
   }
   /// Its arrays and sizes as they are in memory, for the engine file (io/engine_file.hpp), and whether
@@ -57,10 +60,12 @@ struct Int8Linear<cpu> {
   static void visit_parts(Self& self, V&& v) {
     v("q", self.q);
     v("scale", self.scale);
+    v("dense", self.dense);
     v("out", self.out_features);
     v("in", self.in_features);
   }
   [[nodiscard]] bool consistent() const noexcept {
+    if (is_dense()) return dense_consistent(out_features, in_features, q.empty() && scale.empty());
     return out_features > 0 && in_features > 0 && q.size() == static_cast<std::size_t>(out_features * in_features) &&
            scale.size() == static_cast<std::size_t>(out_features);
   }
@@ -109,6 +114,7 @@ struct Int8WeightOnly {
     static_assert(std::is_same_v<B, cpu>, "infer::Int8WeightOnly::load: only the cpu backend is implemented so far");
     const WeightTensor t = r.checked_weight();
     const auto n = static_cast<std::size_t>(r.out * r.in);
+    if (t.type != DType::int8 && r.lm_head) return detail::KeptHead::keep<linear<B>>(r);
     if (t.type != DType::int8) {
       std::vector<float> w(n);
       dequantize_to_f32(t, w);
@@ -132,6 +138,7 @@ struct Int8WeightOnly {
 
   /// y[rows][w.out()] = x[rows][w.in()] · (q·s)ᵀ.
   static void matmul(cpu, const linear<cpu>& w, const float* x, std::int32_t rows, float* y) {
+    if (w.dense_matmul(w.out(), w.in(), x, rows, y)) return;
     const std::int64_t in = w.in();
     detail::tiled_gemm_xwt(x, rows, w.out(), in, y, [&](std::int64_t o0, std::int64_t n, float* tile) {
       for (std::int64_t o = 0; o < n; ++o) {

@@ -27,6 +27,9 @@ struct LinearRequest {
   std::string role;         ///< canonical role of the weight
   std::int64_t out = 0;     ///< logical output features (rows of the [out, in] matrix)
   std::int64_t in = 0;      ///< logical input features
+  /// The LM head, tied to the embedding or not (its role is then "token_embd"). A low-precision Quantizer
+  /// may keep it in a wider format, as GPTQ and AWQ checkpoints leave `lm_head` unquantized.
+  bool lm_head = false;
 
   /// The role's main tensor (`<module>.weight`); NotFoundError naming it when absent.
   [[nodiscard]] WeightTensor weight() const { return source.get(role); }

@@ -163,7 +163,10 @@ TEST_CASE("a file that is not a whole engine file of this format is refused, nam
     auto b = bytes;
     b[8] = std::byte{7};
     write_bytes(bad, b);
-    CHECK_THAT(message_of<UnsupportedError>(open_bad), Catch::Contains("format version 7") && Catch::Contains("reads version 1"));
+    CHECK_THAT(message_of<UnsupportedError>(open_bad),
+               Catch::Contains("format version 7") &&
+                   Catch::Contains("reads version " + std::to_string(kEngineFileVersion)) &&
+                   Catch::Contains("rebuild it"));
   }
   SECTION("a corrupted header") {
     auto b = bytes;

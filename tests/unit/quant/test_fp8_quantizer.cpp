@@ -143,8 +143,17 @@ TEST_CASE("Fp8 loads an FP8 checkpoint as it is (per-channel or per-tensor scale
     return fp8_entries(n, w, out, in, false);
   });
   const Tokens prompt = {1, 17, 200, 5, 99, 42, 7};
-  // Quantized at load, the f32 original gives the checkpoint's codes and scales: the same logits, bit for bit.
+  // Quantized at load, the f32 original gives the checkpoint's codes and scales: the same logits, bit for bit
+  // (the head in f32 in both: the checkpoint ships it unquantized, and load keeps it so).
   CHECK(prompt_logits<Fp8>(channel, prompt) == prompt_logits<Fp8>(fixture("tiny_llama"), prompt));
+  // A checkpoint that quantized its head too: the head loads as it is, in FP8.
+  const auto head_too = rewrite_tiny_llama("infer-fp8-head", [](const std::string& n, const std::vector<float>& w,
+                                                                std::int64_t out, std::int64_t in) {
+    return fp8_entries(n, w, out, in, false);
+  }, /*quantized_head=*/true);
+  const ModelSource hs = ModelSource::open(head_too);
+  const auto head = Fp8::load<cpu>(LinearRequest{hs, "output", hs.config().vocab_size, hs.config().hidden_size, true});
+  CHECK((!head.is_dense() && head.consistent()));
 
   const auto tensor = rewrite_tiny_llama("infer-fp8-tensor", [](const std::string& n, const std::vector<float>& w,
                                                                 std::int64_t out, std::int64_t in) {

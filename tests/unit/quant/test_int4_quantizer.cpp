@@ -152,14 +152,15 @@ TEST_CASE("Int4 reads GPTQ (with and without act-order) and AWQ checkpoints in t
   for (Packing packing : {Packing::gptq, Packing::gptq_act_order, Packing::awq}) {
     const std::string tag = packing == Packing::awq ? "awq" : packing == Packing::gptq ? "gptq" : "gptq-act-order";
     INFO(tag);
+    // The head packed too: a checkpoint's packed head loads as it is (only an unquantized one is kept in f32).
     const auto packed = rewrite_tiny_llama("infer-int4-" + tag, [&](const std::string& n, const std::vector<float>& w,
                                                                     std::int64_t out, std::int64_t in) {
       return packed_entries(n, w, out, in, packing);
-    });
+    }, /*quantized_head=*/true);
     const auto dequantized = rewrite_tiny_llama("infer-int4-f32-" + tag, [&](const std::string& n, const std::vector<float>& w,
                                                                             std::int64_t out, std::int64_t in) {
       return dequantized_entries(n, w, out, in, packing);
-    });
+    }, /*quantized_head=*/true);
     // One layer value by value: what the packing holds, decoded.
     const ModelSource src = ModelSource::open(packed), ref = ModelSource::open(dequantized);
     const ModelConfig& c = src.config();
@@ -172,6 +173,7 @@ TEST_CASE("Int4 reads GPTQ (with and without act-order) and AWQ checkpoints in t
       for (std::int64_t i = 0; i < l.in(); ++i) equal += l.value(o, i) == wv[static_cast<std::size_t>(o * l.in() + i)];
     CHECK(equal == wv.size());
     CHECK(l.g_idx.empty() == (packing != Packing::gptq_act_order));
+    CHECK_FALSE(Int4::load<cpu>(LinearRequest{src, "output", c.vocab_size, c.hidden_size, /*lm_head=*/true}).is_dense());
     // The whole model: the same logits as F32 over the dequantized weights, up to the GEMMs' summation order.
     const std::vector<float> a = prompt_logits<Int4>(packed, prompt), b = prompt_logits<F32>(dequantized, prompt);
     REQUIRE(a.size() == b.size());

@@ -124,6 +124,11 @@ TEST_CASE("Int8WeightOnly loads an INT8 checkpoint as it is, and quantizes any o
   for (std::size_t k = 0; k < f32.size(); ++k) worst = std::max(worst, std::fabs(static_cast<double>(from_int8[k]) - f32[k]));
   INFO("worst |int8 - f32(q·s)| " << worst);
   CHECK(worst < 1e-4);
+  // A checkpoint that quantized its head too: the head loads as it is, in INT8.
+  const auto head_too = rewrite_tiny_llama("infer-int8-head", int8_entries, /*quantized_head=*/true);
+  const ModelSource hs = ModelSource::open(head_too);
+  const auto head = Int8WeightOnly::load<cpu>(LinearRequest{hs, "output", hs.config().vocab_size, hs.config().hidden_size, true});
+  CHECK((!head.is_dense() && head.consistent()));
 
   SECTION("composed into an engine, it generates what F32 over the dequantized weights generates") {
     using Int8Engine = Engine<cpu, llama, PagedBlockAllocator<16>, ContinuousBatchScheduler<>, PagedAttention<>, Int8WeightOnly>;
