@@ -273,6 +273,7 @@ class Engine {
       req->output.prompt_logprobs.assign(static_cast<std::size_t>(plen), std::nullopt);
     }
     scheduler_.check(*first.seq, std::as_const(alloc_));  // throws before anything is queued
+    if (req->params.prompt_logprobs) ++scoring_requests_;
     scheduler_.add(first.seq.get());
     stats_.requests_added++;
     stats_.prompt_tokens += plen;
@@ -493,6 +494,7 @@ class Engine {
   /// has targets.
   bool attach_score_targets(const StepPlan& plan) {
     score_targets_.clear();
+    if (scoring_requests_ == 0) return false;  // no owner lookups on the steps of engines nobody asks to score
     std::vector<std::pair<std::size_t, std::size_t>> spans;  // chunk index → offset into score_targets_
     for (std::size_t k = 0; k < plan.chunks.size(); ++k) {
       const ScheduledChunk& c = plan.chunks[k];
@@ -676,6 +678,7 @@ class Engine {
   /// Forgets a finished request whose final output has been handed out (or queued in pending_).
   template <class It>
   void retire(It it) {
+    if (it->second->params.prompt_logprobs) --scoring_requests_;
     for (auto& s : it->second->samples) seq_owner_.erase(s.seq.get());
     requests_.erase(it);
   }
@@ -751,6 +754,7 @@ class Engine {
   std::vector<ForwardChunk> chunks_;
   std::vector<float> logits_, fork_rows_, scratch_, scores_;
   std::vector<std::int32_t> score_targets_;  ///< this step's prompt-logprob targets, spans of chunks_ point into it
+  std::size_t scoring_requests_ = 0;         ///< live requests that asked for prompt_logprobs
   std::vector<std::int32_t> greedy_ids_;
   std::vector<SampleRow> sample_rows_;
   std::vector<SampleResult> device_results_;

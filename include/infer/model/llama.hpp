@@ -216,7 +216,10 @@ class LlamaModel<cpu, Q, Attn> {
           targets.push_back(c.score_targets[i]);
         }
     }
-    std::vector<float> hidden(static_cast<std::size_t>(kScoreRows * H)), out(static_cast<std::size_t>(kScoreRows * V));
+    std::vector<float>& hidden = score_hidden_;  // members: a scoring step would otherwise allocate 32 x vocab floats
+    std::vector<float>& out = score_logits_;
+    hidden.resize(static_cast<std::size_t>(kScoreRows * H));
+    out.resize(static_cast<std::size_t>(kScoreRows * V));
     for (std::size_t first = 0; first < rows.size(); first += kScoreRows) {
       const auto n = static_cast<std::int64_t>(std::min<std::size_t>(kScoreRows, rows.size() - first));
       for (std::int64_t r = 0; r < n; ++r)
@@ -262,6 +265,7 @@ class LlamaModel<cpu, Q, Attn> {
 
   std::int64_t capacity_ = 0;  ///< token rows the scratch buffers hold
   std::vector<float> x_, xn_, tmp_, last_, q_, att_, k_, v_, gate_, up_, cos_sin_;
+  std::vector<float> score_hidden_, score_logits_;  ///< score_rows' batch of final hidden states and their logits
   std::vector<std::int32_t> pos_, sample_rows_;
 };
 
