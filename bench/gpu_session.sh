@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session's phases of bench/gpu_suite.sh, in order, each logged to $SESSION_OUT/session-<phase>.log
-# (a failed build stops the rest; any other failure is logged and the next phase runs). Meant to run
+# (a failed build or unpack stops the rest; any other failure is logged and the next phase runs). Meant to run
 # detached, so that no device time is lost between calls:
 #   SESSION_OUT=/root/session bench/device_job.sh start session bash bench/gpu_session.sh build reference test engines
 #   bench/device_job.sh wait session 560 /root/session     (every call until it ends; packs /root/session into the call's $OUT as session.tgz)
@@ -23,5 +23,5 @@ for phase in "$@"; do
   bash bench/gpu_suite.sh $phase >"$log" 2>&1
   status=$?
   echo "=== $(date -u +%H:%M:%S) $phase: status $status; $(grep -cE '^FAILED' "$log") FAILED lines; $(tail -n 2 "$log" | tr '\n' ' ')"
-  if [ "$phase" = build ] && [ $status -ne 0 ]; then tail -n 30 "$log"; exit 1; fi
+  if { [ "$phase" = build ] || [ "$phase" = unpack ]; } && [ $status -ne 0 ]; then tail -n 30 "$log"; exit 1; fi
 done

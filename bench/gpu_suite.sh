@@ -2,6 +2,9 @@
 # The GPU machine's run, in phases that fit the device tool's 10-minute calls:
 #   bench/gpu_suite.sh build     configure + build the [cuda] tests and the benchmarks (Release, sm_90)
 #                                into $BUILD (default build-gpu)
+#   bench/gpu_suite.sh unpack    instead of build: the same programs built on your machine
+#                                (bench/pack_gpu_build.sh; carry .xfer/gpu-build.tgz) put into $BUILD, the
+#                                source folder their tests were compiled with linked to this one
 #   bench/gpu_suite.sh test [PART]  the [cuda] tests with the suite's fixed seeds: all of them (about 8 minutes
 #                                on the H200, from the 2026-12-05 durations), or one PART: ops (kernels, decoders,
 #                                sampling; ~1.5 min), engines (the engines on dummy models; ~1.5 min), smollm2 (the
@@ -46,6 +49,8 @@
 #        560 /root/session` (the phases run detached, one log each in /root/session, packed into the call's
 #        $OUT as session.tgz; never use $OUT itself, which every call empties);
 #   4+.  `bench/device_job.sh wait session 560 /root/session` until it ends.
+#   With the binaries built here (bench/pack_gpu_build.sh, at the commit under test), carry
+#   .xfer/gpu-build.tgz beside .deps and name the phase `unpack` instead of `build` (not yet tried on the device).
 # Measured on 2026-12-05 at 5b34b23: `build` 359 s (llama.cpp's build beside it), the whole [cuda] suite 180 s
 # with fixed seeds and ~170 s per other seed (seeds 1-3 in 506 s), `engines` 23 s, `router` 43 s, `peer-serve` 265 s (after
 # .xfer/peers/device.sh build, ~6 min beside ours, and models, 95 s); `connections` ~1 min (5933470).
@@ -104,6 +109,23 @@ case "${1:-}" in
     # The CPU reference (the [cuda] tests' replays) runs on this BLAS: which library, how many threads.
     echo "cores: $(nproc) (affinity), $(nproc --all) (all); cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none); OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-unset}"
     echo "BLAS: $(ldd "$build"/tests/test_cuda | grep -iE 'blas|lapack' | tr -s ' \t' ' ' | tr '\n' ';')"
+    ;;
+  unpack)
+    pack=.xfer/gpu-build.tgz
+    [ -f $pack ] || { echo "gpu_suite.sh unpack: no $pack (bench/pack_gpu_build.sh makes it; carry it)" >&2; exit 2; }
+    mkdir -p "$build" && tar xzf $pack -C "$build" || exit 1
+    cat "$build/gpu-build.manifest"
+    # The tests read fixtures and the model from the source folder compiled into them: make it this one.
+    src=$(sed -n 's/^source_dir=//p' "$build/gpu-build.manifest")
+    if [ "$(realpath -m "$src")" != "$(pwd -P)" ]; then
+      [ -e "$src" ] && { echo "gpu_suite.sh unpack: $src exists here and is not this tree" >&2; exit 1; }
+      mkdir -p "$(dirname "$src")" && ln -s "$(pwd -P)" "$src" || exit 1
+    fi
+    commit=$(sed -n 's/^commit=//p' "$build/gpu-build.manifest")
+    if [ -n "${INFER_COMMIT:-}" ] && [ "$commit" != "${INFER_COMMIT:0:${#commit}}" ]; then
+      echo "gpu_suite.sh unpack: built at $commit, but INFER_COMMIT is $INFER_COMMIT" >&2; exit 1
+    fi
+    "$build"/tests/test_cuda --list-tests "[cuda]" | tail -n 1 || exit 1
     ;;
   test)
     filter=$(test_filter "${2:-all}") || exit 2
@@ -266,7 +288,7 @@ JSON
     run python3 tests/programs/check_serve_connections.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
     ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|test [PART]|reference [T..]|seeds N...|bench|engines|serve|router|connections|peer-serve" >&2
+    echo "usage: bench/gpu_suite.sh build|unpack|test [PART]|reference [T..]|seeds N...|bench|engines|serve|router|connections|peer-serve" >&2
     exit 2
     ;;
 esac

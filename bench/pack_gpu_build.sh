@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Packs this machine's CUDA build for the GPU machine, so that a 30-minute device session does not spend 4-6
+# of its minutes building (`gpu_suite.sh build` took 359 s on 2026-12-05): .xfer/gpu-build.tgz with the
+# programs and tests `gpu_suite.sh` runs and a manifest (commit, CUDA, the source folder compiled into the
+# tests). On the device, `gpu_suite.sh unpack` puts them where `gpu_suite.sh build` would.
+#   bench/pack_gpu_build.sh [BUILD_DIR]     (default build; Release, CUDA for sm_90, as scripts/setup.sh makes it)
+# The binaries are portable x86-64 (no -march) and link CUDA 13's and .deps' shared libraries, which the GPU
+# machine has (source .deps/unpack.sh there). Carry .xfer/gpu-build.tgz in the call that unpacks it.
+set -euo pipefail
+root=$(git rev-parse --show-toplevel)
+cd "$root"
+build=${1:-build}
+targets=(test_cuda test_rounding_noise infer-bench-latency infer-bench-throughput infer-serve infer-bench-serve
+         infer-offline-batch infer-generate)
+[ -z "$(git status --porcelain --untracked-files=no)" ] ||
+  { echo "pack_gpu_build.sh: commit first: the manifest names the commit the binaries are built from" >&2; exit 1; }
+grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$build/CMakeCache.txt" &&
+  grep -q '^INFER_CUDA_ARCHS:STRING=90' "$build/CMakeCache.txt" ||
+  { echo "pack_gpu_build.sh: $build is not a Release build with CUDA for sm_90" >&2; exit 1; }
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >/dev/null
+files=()
+for t in "${targets[@]}"; do
+  f=$(cd "$build" && ls "bin/$t" "tests/$t" 2>/dev/null | head -n 1)
+  [ -n "$f" ] || { echo "pack_gpu_build.sh: $t was not built" >&2; exit 1; }
+  files+=("$f")
+done
+{
+  echo "commit=$(git rev-parse --short HEAD)"
+  echo "source_dir=$root"
+  echo "cuda=$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+  echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+} >"$build/gpu-build.manifest"
+mkdir -p .xfer
+grep -qx '/.xfer/' .git/info/exclude 2>/dev/null || echo '/.xfer/' >>.git/info/exclude
+tar czf .xfer/gpu-build.tgz -C "$build" gpu-build.manifest "${files[@]}"
+echo "packed $(du -h .xfer/gpu-build.tgz | cut -f1): .xfer/gpu-build.tgz"
+cat "$build/gpu-build.manifest"
