@@ -20,9 +20,9 @@ grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$build/CMakeCache.txt" &&
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >/dev/null
 files=()
 for t in "${targets[@]}"; do
-  f=$(cd "$build" && ls "bin/$t" "tests/$t" 2>/dev/null | head -n 1)
-  [ -n "$f" ] || { echo "pack_gpu_build.sh: $t was not built" >&2; exit 1; }
-  files+=("$f")
+  if [ -x "$build/bin/$t" ]; then files+=("bin/$t")
+  elif [ -x "$build/tests/$t" ]; then files+=("tests/$t")
+  else echo "pack_gpu_build.sh: $t was not built" >&2; exit 1; fi
 done
 {
   echo "commit=$(git rev-parse --short HEAD)"
