@@ -125,7 +125,12 @@ case "${1:-}" in
     if [ -n "${INFER_COMMIT:-}" ] && [ "$commit" != "${INFER_COMMIT:0:${#commit}}" ]; then
       echo "gpu_suite.sh unpack: built at $commit, but INFER_COMMIT is $INFER_COMMIT" >&2; exit 1
     fi
-    "$build"/tests/test_cuda --list-tests "[cuda]" | tail -n 1 || exit 1
+    missing=$(ldd "$build"/tests/test_cuda "$build"/bin/* | grep "not found" | sort -u)
+    [ -z "$missing" ] || { echo "gpu_suite.sh unpack: libraries not found here (source .deps/unpack.sh?): $missing" >&2; exit 1; }
+    # (Catch2 2's --list exits with the number of tests listed, not 0)
+    n=$("$build"/tests/test_cuda --list-test-names-only "[cuda]" | grep -c .)
+    [ "$n" -gt 0 ] || { echo "gpu_suite.sh unpack: test_cuda lists no [cuda] test" >&2; exit 1; }
+    echo "unpacked: $n [cuda] test cases"
     ;;
   test)
     filter=$(test_filter "${2:-all}") || exit 2
