@@ -28,8 +28,8 @@
 #include "infer/core/fp8.hpp"
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/quant/f32.hpp"
-#include "infer/quant/kept_head.hpp"
 #include "infer/quant/linear_request.hpp"
+#include "infer/quant/per_row_linear.hpp"
 #include "infer/quant/tiled_gemm.hpp"
 
 namespace infer {
@@ -40,35 +40,13 @@ namespace detail {
 template <class B>
 struct Fp8Linear;
 
-/// e4m3 codes [out][in] row-major, and one scale per output row.
+/// e4m3 codes [out][in] row-major, and one scale per output row (detail::PerRowLinear).
 template <>
-struct Fp8Linear<cpu> : KeptHead {
-  std::vector<std::uint8_t> q;
-  std::vector<float> scale;
-  std::int64_t out_features = 0;
-  std::int64_t in_features = 0;
-
-  [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
-  [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
+struct Fp8Linear<cpu> : PerRowLinear<std::uint8_t> {
   /// w[o][i] as the matmul uses it: e4m3(q) · s, in f32.
   [[nodiscard]] float value(std::int64_t o, std::int64_t i) const noexcept {
     if (is_dense()) return dense[static_cast<std::size_t>(o * in_features + i)];
     return e4m3_to_f32(q[static_cast<std::size_t>(o * in_features + i)]) * scale[static_cast<std::size_t>(o)];
-  }
-  /// Its arrays and sizes as they are in memory, for the engine file (io/engine_file.hpp), and whether
-  /// they agree with each other (a file's parts are checked before anything indexes them).
-  template <class Self, class V>
-  static void visit_parts(Self& self, V&& v) {
-    v("q", self.q);
-    v("scale", self.scale);
-    v("dense", self.dense);
-    v("out", self.out_features);
-    v("in", self.in_features);
-  }
-  [[nodiscard]] bool consistent() const noexcept {
-    if (is_dense()) return dense_consistent(out_features, in_features, q.empty() && scale.empty());
-    return out_features > 0 && in_features > 0 && q.size() == static_cast<std::size_t>(out_features * in_features) &&
-           scale.size() == static_cast<std::size_t>(out_features);
   }
 };
 
