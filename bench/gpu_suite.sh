@@ -12,6 +12,9 @@
 #                                replay, ~85 s per nine prompts)
 #   bench/gpu_suite.sh reference ["T.."]  the [cuda] engine tests' CPU reference (replay_greedy of nine SmolLM2
 #                                prompts) timed at OpenBLAS thread counts T (default: the quota or the cores, 8, 4)
+#   bench/gpu_suite.sh repeat N  the whole [cuda] suite N times in a row with the fixed seeds, a log per run
+#   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step
+#                                timed alone by ncu (eager), summed per kernel and per launch order
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
 #                                for the fixed seeds), each run's log in $OUT/cuda-tests-seed-N.log;
 #                                PART=ops|engines|smollm2 in the environment picks one part
@@ -71,6 +74,15 @@ test_filter() {  # the Catch filter of a test PART
 # 2026-12-05 it ran slower on the GPU machine than on a 2-core one). Cap it at the quota when there is one.
 if [ -z "${OPENBLAS_NUM_THREADS:-}" ] && read -r quota period </sys/fs/cgroup/cpu.max 2>/dev/null && [ "$quota" != max ]; then
   export OPENBLAS_NUM_THREADS=$(((quota + period - 1) / period))
+fi
+# OpenBLAS 0.3.21 (Debian's, DYNAMIC_ARCH) does not know the GPU machine's CPU model and falls back to its
+# Prescott (SSE3) kernels: every [cuda] log of 2026-12-05 says "core Prescott". Name the core from the CPU's
+# flags instead: SkylakeX's kernels need AVX-512 F/CD/BW/DQ/VL, Haswell's AVX2 and FMA.
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null); then
+  has() { for f in "$@"; do [[ " $flags " == *" $f "* ]] || return 1; done; }
+  if has avx512f avx512cd avx512bw avx512dq avx512vl; then export OPENBLAS_CORETYPE=SkylakeX
+  elif has avx2 fma; then export OPENBLAS_CORETYPE=Haswell
+  fi
 fi
 out=${OUT:-bench/results/gpu}
 mkdir -p "$out"
@@ -139,6 +151,21 @@ case "${1:-}" in
   reference)  # the CPU reference's time (most of the [cuda] suite's) at several OpenBLAS thread counts
     for threads in ${2:-${OPENBLAS_NUM_THREADS:-$(nproc)} 8 4}; do
       OPENBLAS_NUM_THREADS=$threads run "$build"/tests/test_rounding_noise "[.bench]"
+    done
+    ;;
+  repeat)  # repeat N: the whole suite N times in a row with the fixed seeds, one log per run
+    for k in $(seq 1 "${2:?repeat N}"); do
+      run "$build"/tests/test_cuda --durations yes "[cuda]" >"$out/cuda-tests-fixed-run-$k.log" 2>&1
+      echo "fixed seeds, run $k: $(tail -n 2 "$out/cuda-tests-fixed-run-$k.log" | tr '\n' ' ')"
+    done
+    ;;
+  profile)  # each kernel's time under ncu (alone, cold caches): the 8B prefill of 2048 tokens and a decode step
+    for spec in "2048 1 prefill-2048" "512 2 decode-b1-ctx512"; do
+      set -- $spec
+      run ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        --log-file "$out/ncu-$3.csv" "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 \
+        --input-len $1 --output-len $2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
+      python3 bench/ncu_summary.py "$out/ncu-$3.csv" | tee "$out/ncu-$3.txt"
     done
     ;;
   seeds)
