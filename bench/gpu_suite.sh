@@ -5,14 +5,15 @@
 #   bench/gpu_suite.sh unpack    instead of build: the same programs built on your machine
 #                                (bench/pack_gpu_build.sh; carry .xfer/gpu-build.tgz) put into $BUILD, the
 #                                source folder their tests were compiled with linked to this one
-#   bench/gpu_suite.sh test [PART]  the [cuda] tests with the suite's fixed seeds: all of them (about 8 minutes
-#                                on the H200, from the 2026-12-05 durations), or one PART: ops (kernels, decoders,
-#                                sampling; ~1.5 min), engines (the engines on dummy models; ~1.5 min), smollm2 (the
-#                                engines and infer::LLM on SmolLM2; ~5 min, nearly all of it the CPU reference's
-#                                replay, ~85 s per nine prompts)
+#   bench/gpu_suite.sh test [PART]  the [cuda] tests with the suite's fixed seeds: all of them (~180 s on the
+#                                H200 at c9c0352), or one PART: ops (kernels, decoders, sampling), engines (the
+#                                engines on dummy models), smollm2 (the engines and infer::LLM on SmolLM2, most of
+#                                it the CPU reference's replay)
 #   bench/gpu_suite.sh reference ["T.."]  the [cuda] engine tests' CPU reference (replay_greedy of nine SmolLM2
 #                                prompts) timed at OpenBLAS thread counts T (default: the quota or the cores, 8, 4)
 #   bench/gpu_suite.sh repeat N  the whole [cuda] suite N times in a row with the fixed seeds, a log per run
+#   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the bf16 GEMV's split across warps and without
+#                                (INFER_BF16_GEMV_MAX_SPLIT=1), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step
 #                                timed alone by ncu (eager), summed per kernel and per launch order
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
@@ -53,10 +54,11 @@
 #        $OUT as session.tgz; never use $OUT itself, which every call empties);
 #   4+.  `bench/device_job.sh wait session 560 /root/session` until it ends.
 #   With the binaries built here (bench/pack_gpu_build.sh, at the commit under test), carry
-#   .xfer/gpu-build.tgz beside .deps and name the phase `unpack` instead of `build` (not yet tried on the device).
+#   .xfer/gpu-build.tgz beside .deps and name the phase `unpack` instead of `build` (2 s on the device at c9c0352).
 # Measured on 2026-12-05 at 5b34b23: `build` 359 s (llama.cpp's build beside it), the whole [cuda] suite 180 s
 # with fixed seeds and ~170 s per other seed (seeds 1-3 in 506 s), `engines` 23 s, `router` 43 s, `peer-serve` 265 s (after
-# .xfer/peers/device.sh build, ~6 min beside ours, and models, 95 s); `connections` ~1 min (5933470).
+# .xfer/peers/device.sh build, ~6 min beside ours, and models, 95 s); `connections` ~1 min (5933470). At c9c0352:
+# `engines` 24 s, `router` 43 s, `profile` 24 s, `repeat 5` 898 s, each other seed ~180 s.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${BUILD:-build-gpu}
@@ -72,7 +74,7 @@ test_filter() {  # the Catch filter of a test PART
 # OpenBLAS sizes its thread pool by the CPUs it sees, not by a container's CPU quota: under a 16-CPU quota on a
 # bigger host, the [cuda] tests' CPU reference would run dozens of threads on 16 CPUs' worth of time (on
 # 2026-12-05 it ran slower on the GPU machine than on a 2-core one). Cap it at the quota when there is one.
-if [ -z "${OPENBLAS_NUM_THREADS:-}" ] && read -r quota period </sys/fs/cgroup/cpu.max 2>/dev/null && [ "$quota" != max ]; then
+if [ -z "${OPENBLAS_NUM_THREADS:-}" ] && read -r quota period 2>/dev/null </sys/fs/cgroup/cpu.max && [ "$quota" != max ]; then
   export OPENBLAS_NUM_THREADS=$(((quota + period - 1) / period))
 fi
 # OpenBLAS 0.3.21 (Debian's, DYNAMIC_ARCH) does not know the GPU machine's CPU model and falls back to its
@@ -157,6 +159,12 @@ case "${1:-}" in
     for k in $(seq 1 "${2:?repeat N}"); do
       run "$build"/tests/test_cuda --durations yes "[cuda]" >"$out/cuda-tests-fixed-run-$k.log" 2>&1
       echo "fixed seeds, run $k: $(tail -n 2 "$out/cuda-tests-fixed-run-$k.log" | tr '\n' ' ')"
+    done
+    ;;
+  decode-ab)  # batch-1 decode with the bf16 GEMV split across warps (default) and without, alternating
+    for k in 1 4 1 4; do
+      INFER_BF16_GEMV_MAX_SPLIT=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 \
+        --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-split$k.json"
     done
     ;;
   profile)  # each kernel's time under ncu (alone, cold caches): the 8B prefill of 2048 tokens and a decode step

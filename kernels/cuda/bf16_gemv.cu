@@ -8,7 +8,13 @@
 //   - x's matching chunk (M rows × 16 bytes) is read once per chunk and reused for the warp's kRows
 //     rows, so x traffic (from L1/L2: x is tiny) is M/kRows of W's;
 //   - each lane keeps kRows × M f32 partial sums, reduced across the warp by shuffles at the end.
-// The grid has one warp per kRows rows: N = 4096 gives 2048 warps, enough to cover the HBM latency.
+// Split across warps (kSplit = 1, 2 or 4): the kSplit warps of a row group read interleaved 512-byte slices
+// of the same rows (thread t of the group reads chunks t, t + 32·kSplit, ...) and add their partial sums
+// through shared memory, in a fixed order. Why: with one warp per row pair, Llama-3-8B's o, down and qkv
+// projections (N = 4096, 4096, 6144) launch 2048-3072 warps, 16-23 per SM, and ncu timed them alone at
+// 2.6, 3.0 and 2.8 TB/s, where gate_up's 14,336 warps read 3.9 TB/s and the LM head's 64k warps 4.5 TB/s
+// (bench/results/gpu-2026-12-05c): too few loads in flight per SM, not the ramp-up. The split is chosen from
+// N and K alone, never from M, so a row's summation order does not depend on the batch.
 //
 // SwiGLU variant (bf16_gemv_swiglu): a warp's two rows are gate row i and up row i of the stacked
 // [gate; up] weight instead of two neighbours, so lane 0 ends with both dot products and writes
@@ -17,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
@@ -25,9 +32,13 @@
 namespace infer::kernels::cuda {
 namespace {
 
-constexpr int kRows = 2;      // output rows per warp
+constexpr int kRows = 2;      // output rows per row group
 constexpr int kUnroll = 4;    // 16-byte chunks per row in flight per lane
 constexpr int kWarps = 4;     // warps per block
+constexpr int kMaxSplit = 4;  // warps per row group at most (kWarps / kSplit groups per block)
+/// Warps a GEMV should launch to keep enough loads in flight on the H200's 132 SMs (gate_up's 14,336 warps
+/// read at 3.9 TB/s; 2,048 read at 2.6).
+constexpr std::int64_t kTargetWarps = 8192;
 
 __device__ __forceinline__ float lo(unsigned v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
@@ -53,15 +64,21 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
 }
 
 /// y[m][n] = x[m]·W[n] for n < N, or with kSwiGLU (W = [gate; up], 2N rows) y[m][n] = silu(x[m]·W[n]) ·
-/// x[m]·W[N + n].
-template <int M, class Out, bool kSwiGLU>
+/// x[m]·W[N + n]. A row group (kSplit warps) owns kRows rows (kSwiGLU: gate row i and up row i).
+template <int M, class Out, bool kSwiGLU, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __restrict__ w, const uint4* __restrict__ x,
                                                                 std::int64_t N, std::int64_t chunks, Out* __restrict__ y) {
   static_assert(!kSwiGLU || (kRows == 2 && sizeof(Out) == 2), "SwiGLU pairs a gate row with an up row, bf16 out");
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const std::int64_t row0 = kSwiGLU ? warp : warp * kRows;
-  if (row0 >= N) return;
+  static_assert(kWarps % kSplit == 0, "a block holds whole row groups");
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp_in_block = static_cast<int>(threadIdx.x) / 32;
+  const int sub = warp_in_block % kSplit;  // this warp's slice of the group's rows
+  const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
+  const std::int64_t row0 = kSwiGLU ? group : group * kRows;
+  // A group past the last row still reaches the block's barrier (kSplit > 1); it reads nothing.
+  const bool active = row0 < N;
+  if constexpr (kSplit == 1) {
+    if (!active) return;
+  }
   const uint4* wr[kRows];
   if constexpr (kSwiGLU) {
     wr[0] = w + row0 * chunks;
@@ -74,17 +91,18 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   for (int r = 0; r < kRows; ++r)
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
 
-  for (std::int64_t base = lane; base < chunks; base += 32 * kUnroll) {
+  constexpr int kStride = 32 * kSplit;
+  for (std::int64_t base = sub * 32 + lane; active && base < chunks; base += kStride * kUnroll) {
     uint4 wv[kUnroll][kRows];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const std::int64_t c = base + u * 32;
+      const std::int64_t c = base + u * kStride;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) wv[u][r] = c < chunks ? __ldcs(wr[r] + c) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const std::int64_t c = base + u * 32;
+      const std::int64_t c = base + u * kStride;
       if (c >= chunks) break;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
@@ -99,6 +117,27 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
 #pragma unroll
     for (int m = 0; m < M; ++m)
       for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+  if constexpr (kSplit > 1) {
+    // The group's warps meet in shared memory; its first warp adds the slices in order 0, 1, .., kSplit - 1.
+    __shared__ float part[kWarps][kRows][M];
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) part[warp_in_block][r][m] = acc[r][m];
+    __syncthreads();
+    if (!active || sub != 0) return;
+    const int first = warp_in_block;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float sum = part[first][r][m];
+#pragma unroll
+        for (int k = 1; k < kSplit; ++k) sum += part[first + k][r][m];
+        acc[r][m] = sum;
+      }
+  }
   if (lane != 0) return;
   if constexpr (kSwiGLU) {
 #pragma unroll
@@ -119,23 +158,57 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   }
 }
 
+/// The largest split allowed: kMaxSplit, or INFER_BF16_GEMV_MAX_SPLIT = 1 or 2 (read once), which exists to
+/// measure the split against the one-warp groups in the same build (bench/gpu_suite.sh decode-ab).
+int max_split() {
+  static const int value = [] {
+    const char* e = std::getenv("INFER_BF16_GEMV_MAX_SPLIT");
+    const int k = e != nullptr ? std::atoi(e) : kMaxSplit;
+    return k == 1 || k == 2 ? k : kMaxSplit;
+  }();
+  return value;
+}
+
+/// Warps per row group: doubled (up to max_split()) while the grid has fewer than kTargetWarps warps and
+/// each warp would still have at least one full unrolled pass (32 · kUnroll chunks) of every row.
+int split_for(std::int64_t groups, std::int64_t chunks) {
+  int split = 1;
+  while (split < max_split() && groups * split < kTargetWarps && chunks >= std::int64_t{64} * kUnroll * split) split *= 2;
+  return split;
+}
+
+template <int M, class Out, bool kSwiGLU>
+void launch_m(int split, std::int64_t groups, const uint4* w, const uint4* x, std::int64_t N, std::int64_t chunks, Out* y,
+              cudaStream_t s) {
+  const dim3 block(kWarps * 32);
+  const auto grid = [&](int k) {
+    const std::int64_t per_block = kWarps / k;
+    return dim3(static_cast<unsigned>((groups + per_block - 1) / per_block));
+  };
+  switch (split) {
+    case 1: bf16_gemv_kernel<M, Out, kSwiGLU, 1><<<grid(1), block, 0, s>>>(w, x, N, chunks, y); break;
+    case 2: bf16_gemv_kernel<M, Out, kSwiGLU, 2><<<grid(2), block, 0, s>>>(w, x, N, chunks, y); break;
+    default: bf16_gemv_kernel<M, Out, kSwiGLU, 4><<<grid(4), block, 0, s>>>(w, x, N, chunks, y); break;
+  }
+}
+
 template <class Out, bool kSwiGLU = false>
 void launch(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t N, std::int64_t K, Out* y,
             cudaStream_t s) {
-  const std::int64_t warps = kSwiGLU ? N : (N + kRows - 1) / kRows;
-  const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps)), block(kWarps * 32);
+  const std::int64_t groups = kSwiGLU ? N : (N + kRows - 1) / kRows;
+  const std::int64_t chunks = K / 8;
+  const int split = split_for(groups, chunks);
   const auto* w4 = reinterpret_cast<const uint4*>(w);
   const auto* x4 = reinterpret_cast<const uint4*>(x);
-  const std::int64_t chunks = K / 8;
   switch (M) {
-    case 1: bf16_gemv_kernel<1, Out, kSwiGLU><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
-    case 2: bf16_gemv_kernel<2, Out, kSwiGLU><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
-    case 3: bf16_gemv_kernel<3, Out, kSwiGLU><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
-    case 4: bf16_gemv_kernel<4, Out, kSwiGLU><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
-    case 5: bf16_gemv_kernel<5, Out, kSwiGLU><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
-    case 6: bf16_gemv_kernel<6, Out, kSwiGLU><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
-    case 7: bf16_gemv_kernel<7, Out, kSwiGLU><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
-    default: bf16_gemv_kernel<8, Out, kSwiGLU><<<grid, block, 0, s>>>(w4, x4, N, chunks, y); break;
+    case 1: launch_m<1, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 2: launch_m<2, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 3: launch_m<3, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 4: launch_m<4, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 5: launch_m<5, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 6: launch_m<6, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 7: launch_m<7, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
+    default: launch_m<8, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
   }
 }
 

@@ -347,8 +347,10 @@ TEST_CASE("cuda::bf16_gemv matches gemm_xwt for M = 1..8, bf16 and f32 outputs",
   struct Shape {
     std::int64_t N, K;
   };
-  // N odd and off the 2-row warp tile; K from one chunk to past the 4 x 32-chunk unroll, and ragged.
-  const Shape shapes[] = {{1, 8}, {3, 64}, {333, 1000}, {1000, 4096}, {257, 1032}, {64, 14336}};
+  // N odd and off the 2-row warp tile; K from one chunk to past the 4 x 32-chunk unroll, and ragged. The
+  // split across warps (bf16_gemv.cu's split_for): 1 up to 255 chunks of 8 (K < 2048), 2 for {77, 2056}
+  // (257 chunks: a ragged second pass), 4 for {1000, 4096} and {64, 14336}.
+  const Shape shapes[] = {{1, 8}, {3, 64}, {333, 1000}, {1000, 4096}, {257, 1032}, {64, 14336}, {77, 2056}};
   std::mt19937 rng(test_seed("cuda::bf16_gemv"));
   for (const Shape& s : shapes) {
     for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
@@ -395,7 +397,7 @@ TEST_CASE("cuda::bf16_gemv_swiglu matches gemm_xwt followed by SwiGLU", "[cuda][
   struct Shape {
     std::int64_t I, K;
   };
-  const Shape shapes[] = {{1, 8}, {3, 64}, {333, 1000}, {1000, 4096}, {64, 14336}};
+  const Shape shapes[] = {{1, 8}, {3, 64}, {333, 1000}, {1000, 4096}, {64, 14336}, {77, 2056}};  // splits 1, 4, 2
   std::mt19937 rng(test_seed("cuda::bf16_gemv_swiglu"));
   for (const Shape& s : shapes) {
     for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
