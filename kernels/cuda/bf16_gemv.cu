@@ -8,13 +8,8 @@
 //   - x's matching chunk (M rows × 16 bytes) is read once per chunk and reused for the warp's kRows
 //     rows, so x traffic (from L1/L2: x is tiny) is M/kRows of W's;
 //   - each lane keeps kRows × M f32 partial sums, reduced across the warp by shuffles at the end.
-// Split across warps (kSplit = 1, 2 or 4): the kSplit warps of a row group read interleaved 512-byte slices
-// of the same rows (thread t of the group reads chunks t, t + 32·kSplit, ...) and add their partial sums
-// through shared memory, in a fixed order. Why: with one warp per row pair, Llama-3-8B's o, down and qkv
-// projections (N = 4096, 4096, 6144) launch 2048-3072 warps, 16-23 per SM, and ncu timed them alone at
-// 2.6, 3.0 and 2.8 TB/s, where gate_up's 14,336 warps read 3.9 TB/s and the LM head's 64k warps 4.5 TB/s
-// (bench/results/gpu-2026-12-05c): too few loads in flight per SM, not the ramp-up. The split is chosen from
-// N and K alone, never from M, so a row's summation order does not depend on the batch.
+// Split across warps (kSplit = 1, 2 or 4; gemv_split.cuh says why and how): the kSplit warps of a row
+// group read interleaved slices of the same rows (thread t of the group reads chunks t, t + 32·kSplit, ...).
 //
 // SwiGLU variant (bf16_gemv_swiglu): a warp's two rows are gate row i and up row i of the stacked
 // [gate; up] weight instead of two neighbours, so lane 0 ends with both dot products and writes
@@ -23,22 +18,18 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
+#include "gemv_split.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
 
-constexpr int kRows = 2;      // output rows per row group
-constexpr int kUnroll = 4;    // 16-byte chunks per row in flight per lane
-constexpr int kWarps = 4;     // warps per block
-constexpr int kMaxSplit = 4;  // warps per row group at most (kWarps / kSplit groups per block)
-/// Warps a GEMV should launch to keep enough loads in flight on the H200's 132 SMs (gate_up's 14,336 warps
-/// read at 3.9 TB/s; 2,048 read at 2.6).
-constexpr std::int64_t kTargetWarps = 8192;
+constexpr int kRows = 2;    // output rows per row group
+constexpr int kUnroll = 4;  // 16-byte chunks per row in flight per lane
+using gemv_split::kWarps;
 
 __device__ __forceinline__ float lo(unsigned v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
@@ -117,28 +108,7 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
 #pragma unroll
     for (int m = 0; m < M; ++m)
       for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
-  if constexpr (kSplit > 1) {
-    // The group's warps meet in shared memory; its first warp adds the slices in order 0, 1, .., kSplit - 1.
-    __shared__ float part[kWarps][kRows][M];
-    if (lane == 0)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int m = 0; m < M; ++m) part[warp_in_block][r][m] = acc[r][m];
-    __syncthreads();
-    if (!active || sub != 0) return;
-    const int first = warp_in_block;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float sum = part[first][r][m];
-#pragma unroll
-        for (int k = 1; k < kSplit; ++k) sum += part[first + k][r][m];
-        acc[r][m] = sum;
-      }
-  }
-  if (lane != 0) return;
+  if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
   if constexpr (kSwiGLU) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -158,33 +128,11 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   }
 }
 
-/// The largest split allowed: kMaxSplit, or INFER_BF16_GEMV_MAX_SPLIT = 1 or 2 (read once), which exists to
-/// measure the split against the one-warp groups in the same build (bench/gpu_suite.sh decode-ab).
-int max_split() {
-  static const int value = [] {
-    const char* e = std::getenv("INFER_BF16_GEMV_MAX_SPLIT");
-    const int k = e != nullptr ? std::atoi(e) : kMaxSplit;
-    return k == 1 || k == 2 ? k : kMaxSplit;
-  }();
-  return value;
-}
-
-/// Warps per row group: doubled (up to max_split()) while the grid has fewer than kTargetWarps warps and
-/// each warp would still have at least one full unrolled pass (32 · kUnroll chunks) of every row.
-int split_for(std::int64_t groups, std::int64_t chunks) {
-  int split = 1;
-  while (split < max_split() && groups * split < kTargetWarps && chunks >= std::int64_t{64} * kUnroll * split) split *= 2;
-  return split;
-}
-
 template <int M, class Out, bool kSwiGLU>
 void launch_m(int split, std::int64_t groups, const uint4* w, const uint4* x, std::int64_t N, std::int64_t chunks, Out* y,
               cudaStream_t s) {
   const dim3 block(kWarps * 32);
-  const auto grid = [&](int k) {
-    const std::int64_t per_block = kWarps / k;
-    return dim3(static_cast<unsigned>((groups + per_block - 1) / per_block));
-  };
+  const auto grid = [&](int k) { return dim3(gemv_split::grid_for(groups, k)); };
   switch (split) {
     case 1: bf16_gemv_kernel<M, Out, kSwiGLU, 1><<<grid(1), block, 0, s>>>(w, x, N, chunks, y); break;
     case 2: bf16_gemv_kernel<M, Out, kSwiGLU, 2><<<grid(2), block, 0, s>>>(w, x, N, chunks, y); break;
@@ -197,7 +145,7 @@ void launch(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t 
             cudaStream_t s) {
   const std::int64_t groups = kSwiGLU ? N : (N + kRows - 1) / kRows;
   const std::int64_t chunks = K / 8;
-  const int split = split_for(groups, chunks);
+  const int split = gemv_split::split_for(groups, chunks, kUnroll);
   const auto* w4 = reinterpret_cast<const uint4*>(w);
   const auto* x4 = reinterpret_cast<const uint4*>(x);
   switch (M) {

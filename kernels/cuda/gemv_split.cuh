@@ -1,0 +1,77 @@
+#pragma once
+// What the streaming GEMVs (bf16_gemv.cu, fp8_linear.cu) share: a row group of kSplit warps reads
+// interleaved 512-byte slices of the same kRows weight rows, so that a short matrix still launches enough
+// warps to keep the H200's HBM busy, and the group's partial sums meet in shared memory in a fixed order.
+//
+// Why split: ncu at c9c0352 (bench/results/gpu-2026-12-05c) timed the batch-1 bf16 GEMVs alone; with one
+// warp per row pair, Llama-3-8B's o, down and qkv projections launch 2,048-3,072 warps (16-23 per SM) and
+// read 2.6-3.0 TB/s, where gate_up's 14,336 warps read 3.96 TB/s and the LM head's 64,128 warps 4.40: too
+// few loads in flight per SM. The split depends on N and K only, never on M, so a row's summation order
+// does not depend on the batch.
+#include <cstdint>
+#include <cstdlib>
+
+namespace infer::kernels::cuda::gemv_split {
+
+constexpr int kWarps = 4;     // warps per block
+constexpr int kMaxSplit = 4;  // warps per row group at most (kWarps / kSplit groups per block)
+/// Warps a GEMV should launch: gate_up's 14,336 read at 3.96 TB/s; 2,048 read at 2.6.
+constexpr std::int64_t kTargetWarps = 8192;
+
+/// The largest split allowed: kMaxSplit, or INFER_BF16_GEMV_MAX_SPLIT = 1 or 2 (read once), which exists to
+/// measure the split against one-warp groups in the same build (bench/gpu_suite.sh decode-ab).
+inline int max_split() {
+  static const int value = [] {
+    const char* e = std::getenv("INFER_BF16_GEMV_MAX_SPLIT");
+    const int k = e != nullptr ? std::atoi(e) : kMaxSplit;
+    return k == 1 || k == 2 ? k : kMaxSplit;
+  }();
+  return value;
+}
+
+/// Warps per row group for `groups` groups of rows `chunks` 16-byte chunks long, read `unroll` chunks per
+/// lane per pass: doubled (up to max_split()) while the grid has fewer than kTargetWarps warps and each warp
+/// still has at least one full pass (32 · unroll chunks) of every row.
+inline int split_for(std::int64_t groups, std::int64_t chunks, int unroll) {
+  int split = 1;
+  while (split < max_split() && groups * split < kTargetWarps && chunks >= std::int64_t{64} * unroll * split) split *= 2;
+  return split;
+}
+
+/// Blocks for `groups` row groups of kSplit warps each.
+inline unsigned grid_for(std::int64_t groups, int split) {
+  const std::int64_t per_block = kWarps / split;
+  return static_cast<unsigned>((groups + per_block - 1) / per_block);
+}
+
+/// Adds up `acc` (already reduced within each warp, valid in lane 0) over the kSplit warps of each group;
+/// returns true in the lane that then holds the group's sums (lane 0 of the group's first warp, and only for
+/// an active group). Every thread of the block must call it (a barrier when kSplit > 1).
+template <int kSplit, int kRows, int M>
+__device__ __forceinline__ bool combine(float (&acc)[kRows][M], bool active) {
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  if constexpr (kSplit > 1) {
+    __shared__ float part[kWarps][kRows][M];
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) part[warp][r][m] = acc[r][m];
+    __syncthreads();
+    if (!active || warp % kSplit != 0 || lane != 0) return false;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float sum = part[warp][r][m];
+#pragma unroll
+        for (int k = 1; k < kSplit; ++k) sum += part[warp + k][r][m];
+        acc[r][m] = sum;
+      }
+    return true;
+  } else {
+    return active && lane == 0;
+  }
+}
+
+}  // namespace infer::kernels::cuda::gemv_split

@@ -1,0 +1,175 @@
+// FP8 (e4m3) linear kernels (kernels/cuda/fp8_linear.cu) against the CPU's Fp8 (quant/fp8.hpp) on the same
+// inputs, from printed seeds (support/test_seed.hpp); outputs poisoned with NaN first.
+//
+// quantize_rows_e4m3 must give the CPU's codes and scales bit for bit: the same f32 division and the same
+// rounding (f32_to_e4m3 is the GPU's cvt.rn.satfinite by definition).
+//
+// fp8_gemv against Fp8::matmul on the same codes (x quantized by the CPU from the same bf16 values), per
+// element, with A = Σ_k |x̂_mk·ŵ_nk| (x̂, ŵ the decoded, scaled values):
+//   |got − ref| ≤ 2^-8·|ref| + 2·2·K·2^-24·A
+// 2^-8: the bf16 output's rounding (≤ 2^-9, doubled for slack). Each product of two e4m3 codes is exact in
+// f32; the CPU multiplies pre-scaled values (two more roundings per term, 2^-24 each) and both sides sum K
+// f32 terms in different orders (≤ K·2^-24·A each): 2·K·2^-24·A, doubled for the scaling.
+#include <catch2/catch.hpp>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "support/cuda_test_support.hpp"
+#include "infer/core/error.hpp"
+#include "infer/core/fp8.hpp"
+#include "infer/core/half.hpp"
+#include "infer/kernels/cuda/fp8.hpp"
+#include "infer/kernels/cuda/gemm.hpp"
+#include "infer/quant/fp8.hpp"
+
+using namespace infer;
+using namespace infer::test;
+namespace kc = infer::kernels::cuda;
+
+namespace {
+
+/// Rows of bf16 values at very different magnitudes: N(0, 1), tiny (most codes subnormal), huge (near
+/// bf16's and f32's large values), a single outlier over small values, and all zeros.
+std::vector<std::uint16_t> awkward_rows(std::int64_t rows, std::int64_t K, std::mt19937& rng) {
+  std::vector<std::uint16_t> v;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float scale[] = {1.0f, 1e-6f, 1e30f, 1e-3f, 0.0f};
+    auto row = random_bf16(static_cast<std::size_t>(K), rng, scale[r % 5]);
+    if (r % 5 == 3) row[static_cast<std::size_t>(K / 2)] = f32_to_bf16(1000.0f);
+    v.insert(v.end(), row.begin(), row.end());
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cuda::quantize_rows_e4m3 gives Fp8::quantize_row's codes and scales bit for bit", "[cuda][fp8]") {
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  std::mt19937 rng(test_seed("cuda::quantize_rows_e4m3"));
+  for (const std::int64_t K : {1, 16, 1000, 4096, 14336}) {
+    const std::int64_t rows = 10;
+    INFO("K=" << K);
+    const auto xb = awkward_rows(rows, K, rng);
+    const auto xf = to_f32(xb);
+    std::vector<std::uint8_t> want_q(xf.size());
+    std::vector<float> want_s(static_cast<std::size_t>(rows));
+    for (std::int64_t r = 0; r < rows; ++r)
+      want_s[static_cast<std::size_t>(r)] = Fp8::quantize_row(
+          std::span(xf).subspan(static_cast<std::size_t>(r * K), static_cast<std::size_t>(K)), want_q.data() + r * K);
+    test::DeviceMem dxb(xb.size() * 2), dxf(xf.size() * 4), dq(xf.size()), ds(want_s.size() * 4);
+    upload(dxb, xb);
+    upload(dxf, xf);
+    for (const bool from_f32 : {false, true}) {
+      INFO((from_f32 ? "f32 input" : "bf16 input"));
+      CUDA_REQUIRE(cudaMemset(dq.p, 0xaa, xf.size()));
+      CUDA_REQUIRE(cudaMemset(ds.p, 0xff, want_s.size() * 4));  // NaN
+      if (from_f32) kc::quantize_rows_e4m3(dxf.as<float>(), rows, K, dq.as<std::uint8_t>(), ds.as<float>(), stream);
+      else kc::quantize_rows_e4m3(dxb.as<std::uint16_t>(), rows, K, dq.as<std::uint8_t>(), ds.as<float>(), stream);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      const auto got_q = download<std::uint8_t>(dq.p, xf.size());
+      const auto got_s = download<float>(ds.p, want_s.size());
+      int bad = 0;
+      for (std::size_t i = 0; i < want_s.size(); ++i)
+        if (std::memcmp(&got_s[i], &want_s[i], 4) != 0 && ++bad <= 5)
+          FAIL_CHECK("row " << i << ": scale " << got_s[i] << ", the CPU's " << want_s[i]);
+      for (std::size_t i = 0; i < want_q.size(); ++i)
+        if (got_q[i] != want_q[i] && ++bad <= 5)
+          FAIL_CHECK("value " << i << " (" << xf[i] << "): code " << int{got_q[i]} << ", the CPU's " << int{want_q[i]});
+      CHECK(bad == 0);
+    }
+  }
+  SECTION("bad arguments are refused") {
+    test::DeviceMem d(64);
+    CHECK_THROWS_AS(kc::quantize_rows_e4m3(d.as<float>(), -1, 16, d.as<std::uint8_t>(), d.as<float>(), stream),
+                    InvalidArgument);
+    CHECK_THROWS_AS(kc::quantize_rows_e4m3(d.as<float>(), 1, 0, d.as<std::uint8_t>(), d.as<float>(), stream),
+                    InvalidArgument);
+    CHECK_THROWS_AS(kc::quantize_rows_e4m3(d.as<float>(), 1, 16, nullptr, d.as<float>(), stream), InvalidArgument);
+    CHECK_NOTHROW(kc::quantize_rows_e4m3(d.as<float>(), 0, 16, nullptr, nullptr, stream));
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("cuda::fp8_gemv matches Fp8::matmul on the same codes for M = 1..8", "[cuda][fp8]") {
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  struct Shape {
+    std::int64_t N, K;
+  };
+  // The split across warps (gemv_split.cuh): 1 for {333, 1008} (63 chunks of 16), 2 for {1000, 4096} (256
+  // chunks), 4 for {64, 14336} and {77, 8192}; N odd and off the 2-row group, K ragged against the unroll.
+  const Shape shapes[] = {{1, 16}, {3, 64}, {333, 1008}, {1000, 4096}, {64, 14336}, {77, 8192}};
+  std::mt19937 rng(test_seed("cuda::fp8_gemv"));
+  for (const Shape& s : shapes) {
+    std::vector<float> wf(static_cast<std::size_t>(s.N * s.K));
+    std::normal_distribution<float> d(0.0f, 0.02f);
+    for (auto& v : wf) v = d(rng);
+    const Fp8::linear<cpu> w = Fp8::quantize(wf, s.N, s.K);
+    test::DeviceMem dwq(w.q.size()), dws(w.scale.size() * 4);
+    upload(dwq, w.q);
+    upload(dws, w.scale);
+    double worst = 0;
+    for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
+      INFO("M=" << M << " N=" << s.N << " K=" << s.K);
+      const auto xf = to_f32(random_bf16(static_cast<std::size_t>(M * s.K), rng));
+      std::vector<std::uint8_t> xq(xf.size());
+      std::vector<float> xs(static_cast<std::size_t>(M));
+      for (int m = 0; m < M; ++m)
+        xs[static_cast<std::size_t>(m)] = Fp8::quantize_row(
+            std::span(xf).subspan(static_cast<std::size_t>(m * s.K), static_cast<std::size_t>(s.K)), xq.data() + m * s.K);
+      std::vector<float> want(static_cast<std::size_t>(M * s.N));
+      Fp8::matmul(cpu{}, w, xf.data(), M, want.data());
+      test::DeviceMem dxq(xq.size()), dxs(xs.size() * 4), dy(want.size() * 2);
+      upload(dxq, xq);
+      upload(dxs, xs);
+      CUDA_REQUIRE(cudaMemset(dy.p, 0xff, want.size() * 2));  // NaN
+      kc::fp8_gemv(dwq.as<std::uint8_t>(), dws.as<float>(), dxq.as<std::uint8_t>(), dxs.as<float>(), M, s.N, s.K,
+                   dy.as<std::uint16_t>(), stream);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      const auto got = to_f32(download<std::uint16_t>(dy.p, want.size()));
+      const auto& table = e4m3_table();
+      std::vector<double> xa(xq.size());  // |x̂|
+      for (std::size_t i = 0; i < xq.size(); ++i)
+        xa[i] = std::fabs(static_cast<double>(table[xq[i]]) * xs[i / static_cast<std::size_t>(s.K)]);
+      int bad = 0;
+      for (int m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < s.N; ++n) {
+          double a = 0;
+          const double sw = w.scale[static_cast<std::size_t>(n)];
+          for (std::int64_t k = 0; k < s.K; ++k)
+            a += xa[static_cast<std::size_t>(m * s.K + k)] * std::fabs(table[w.q[static_cast<std::size_t>(n * s.K + k)]] * sw);
+          const std::size_t i = static_cast<std::size_t>(m * s.N + n);
+          const double bound = std::ldexp(std::fabs(static_cast<double>(want[i])), -8) +
+                               4.0 * static_cast<double>(s.K) * std::ldexp(1.0, -24) * a + 1e-30;
+          const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+          if (err <= bound) worst = std::max(worst, err / bound);
+          else if (++bad <= 5) FAIL_CHECK("y[" << m << "][" << n << "] = " << got[i] << ", want " << want[i] << " ± " << bound);
+        }
+      CHECK(bad == 0);
+    }
+    std::printf("  fp8_gemv N=%lld K=%lld: worst error / bound %.3g\n", static_cast<long long>(s.N),
+                static_cast<long long>(s.K), worst);
+  }
+  SECTION("operands it cannot take are refused, not miscomputed") {
+    test::DeviceMem d(4096);
+    const auto* q = d.as<std::uint8_t>();
+    const auto* f = d.as<float>();
+    auto* y = d.as<std::uint16_t>();
+    CHECK_FALSE(kc::fp8_gemv_supports(q, q, 24));
+    CHECK_FALSE(kc::fp8_gemv_supports(d.as<std::uint8_t>(8), q, 32));
+    CHECK_THROWS_AS(kc::fp8_gemv(q, f, q, f, 1, 4, 24, y, stream), InvalidArgument);
+    CHECK_THROWS_AS(kc::fp8_gemv(q, f, q, f, 9, 4, 32, y, stream), InvalidArgument);
+    CHECK_THROWS_AS(kc::fp8_gemv(q, f, q, f, 0, 4, 32, y, stream), InvalidArgument);
+    CHECK_THROWS_AS(kc::fp8_gemv(q, nullptr, q, f, 1, 4, 32, y, stream), InvalidArgument);
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
