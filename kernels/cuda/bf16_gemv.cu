@@ -34,14 +34,6 @@ using gemv_split::kWarps;
 __device__ __forceinline__ float lo(unsigned v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
 
-__device__ __forceinline__ std::uint16_t to_bf16(float f) {
-  // Round to nearest even, NaN kept quiet: the same rounding as infer::f32_to_bf16.
-  unsigned u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
 __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
   float s = lo(w.x) * lo(x.x);
   s = fmaf(hi(w.x), hi(x.x), s);
@@ -61,8 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
                                                                 std::int64_t N, std::int64_t chunks, Out* __restrict__ y) {
   static_assert(!kSwiGLU || (kRows == 2 && sizeof(Out) == 2), "SwiGLU pairs a gate row with an up row, bf16 out");
   static_assert(kWarps % kSplit == 0, "a block holds whole row groups");
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp_in_block = static_cast<int>(threadIdx.x) / 32;
-  const int sub = warp_in_block % kSplit;  // this warp's slice of the group's rows
+  const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
   const std::int64_t row0 = kSwiGLU ? group : group * kRows;
   // A group past the last row still reaches the block's barrier (kSplit > 1); it reads nothing.
@@ -79,41 +70,14 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   }
 
   float acc[kRows][M];
-  for (int r = 0; r < kRows; ++r)
-    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-
-  constexpr int kStride = 32 * kSplit;
-  for (std::int64_t base = sub * 32 + lane; active && base < chunks; base += kStride * kUnroll) {
-    uint4 wv[kUnroll][kRows];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const std::int64_t c = base + u * kStride;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) wv[u][r] = c < chunks ? __ldcs(wr[r] + c) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const std::int64_t c = base + u * kStride;
-      if (c >= chunks) break;
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const uint4 xv = __ldg(x + m * chunks + c);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r][m] += dot8(wv[u][r], xv);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-      for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+  gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(wr, x, chunks, active, acc,
+                                                     [](const uint4& a, const uint4& b) { return dot8(a, b); });
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
   if constexpr (kSwiGLU) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const float g = acc[0][m], u = acc[1][m];
-      y[m * N + row0] = to_bf16(g / (1.0f + expf(-g)) * u);  // swiglu.cu's silu, accurate expf
+      y[m * N + row0] = gemv_split::to_bf16(g / (1.0f + expf(-g)) * u);  // swiglu.cu's silu, accurate expf
     }
   } else {
 #pragma unroll
@@ -121,7 +85,7 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
       if (row0 + r >= N) break;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        if constexpr (sizeof(Out) == 2) y[m * N + row0 + r] = to_bf16(acc[r][m]);
+        if constexpr (sizeof(Out) == 2) y[m * N + row0 + r] = gemv_split::to_bf16(acc[r][m]);
         else y[m * N + row0 + r] = acc[r][m];
       }
     }

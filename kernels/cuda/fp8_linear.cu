@@ -83,21 +83,12 @@ __device__ __forceinline__ float dot16(const uint4& w, const uint4& x) {
   return s;
 }
 
-__device__ __forceinline__ std::uint16_t to_bf16(float f) {
-  // Round to nearest even, NaN kept quiet: the same rounding as infer::f32_to_bf16.
-  unsigned u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
 template <int M, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __restrict__ w, const float* __restrict__ w_scale,
                                                                const uint4* __restrict__ x, const float* __restrict__ x_scale,
                                                                std::int64_t N, std::int64_t chunks,
                                                                std::uint16_t* __restrict__ y) {
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp_in_block = static_cast<int>(threadIdx.x) / 32;
-  const int sub = warp_in_block % kSplit;
+  const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
   const std::int64_t row0 = group * kRows;
   const bool active = row0 < N;  // an inactive group still reaches combine's barrier
@@ -105,41 +96,15 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __re
   for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
 
   float acc[kRows][M];
-  for (int r = 0; r < kRows; ++r)
-    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-  constexpr int kStride = 32 * kSplit;
-  for (std::int64_t base = sub * 32 + lane; active && base < chunks; base += kStride * kUnroll) {
-    uint4 wv[kUnroll][kRows];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const std::int64_t c = base + u * kStride;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) wv[u][r] = c < chunks ? __ldcs(wr[r] + c) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const std::int64_t c = base + u * kStride;
-      if (c >= chunks) break;
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const uint4 xv = __ldg(x + m * chunks + c);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r][m] += dot16(wv[u][r], xv);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-      for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+  gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(wr, x, chunks, active, acc,
+                                                     [](const uint4& a, const uint4& b) { return dot16(a, b); });
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (row0 + r >= N) break;
     const float sw = w_scale[row0 + r];
 #pragma unroll
-    for (int m = 0; m < M; ++m) y[m * N + row0 + r] = to_bf16(acc[r][m] * (sw * x_scale[m]));
+    for (int m = 0; m < M; ++m) y[m * N + row0 + r] = gemv_split::to_bf16(acc[r][m] * (sw * x_scale[m]));
   }
 }
 

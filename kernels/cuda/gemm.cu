@@ -40,12 +40,15 @@ std::uint32_t alignment_of(const void* p) {
 }
 
 enum class OutType : std::uint8_t { bf16, f32 };
+/// The operands' type: bf16, or e4m3 codes with one f32 scale per row of x and of W (outer-vector scaling).
+enum class InType : std::uint8_t { bf16, e4m3 };
 
 struct Key {
   std::int64_t m, n, k;
   OutType out;
   std::uint32_t align_x, align_w, align_y;
-  auto tie() const { return std::tie(m, n, k, out, align_x, align_w, align_y); }
+  InType in = InType::bf16;
+  auto tie() const { return std::tie(m, n, k, out, align_x, align_w, align_y, in); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -142,7 +145,7 @@ struct Gemm::Impl {
     cudaStream_t stream;
   };
 
-  const Plan& plan(const Key& key, const Operands& ops) {
+  Plan& plan(const Key& key, const Operands& ops) {
     if (auto it = plans.find(key); it != plans.end()) return it->second;
     Plan p;
     const cudaDataType_t out_type = key.out == OutType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -150,11 +153,21 @@ struct Gemm::Impl {
     const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
     check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t), "set TRANSA");
     check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n), "set TRANSB");
+    const cudaDataType_t in_type = key.in == InType::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    if (key.in == InType::e4m3) {
+      // cuBLASLt's A is W (m = N: one scale per weight row), its B is x (n = M: one scale per token); the
+      // pointers are set per call (run_e4m3).
+      const std::int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof outer),
+               "set A_SCALE_MODE");
+      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer),
+               "set B_SCALE_MODE");
+    }
     // Column-major views (see the header): W is K×N (ld K), x is K×M (ld K), y is N×M (ld N).
-    check_lt(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, static_cast<std::uint64_t>(key.k),
+    check_lt(cublasLtMatrixLayoutCreate(&p.a, in_type, static_cast<std::uint64_t>(key.k),
                                         static_cast<std::uint64_t>(key.n), key.k),
              "cublasLtMatrixLayoutCreate(W)");
-    check_lt(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, static_cast<std::uint64_t>(key.k),
+    check_lt(cublasLtMatrixLayoutCreate(&p.b, in_type, static_cast<std::uint64_t>(key.k),
                                         static_cast<std::uint64_t>(key.m), key.k),
              "cublasLtMatrixLayoutCreate(x)");
     check_lt(cublasLtMatrixLayoutCreate(&p.c, out_type, static_cast<std::uint64_t>(key.n),
@@ -190,10 +203,11 @@ struct Gemm::Impl {
              "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0)
       throw DeviceError(detail::cat("cuda::Gemm: cuBLASLt has no algorithm for M=", key.m, " N=", key.n, " K=", key.k,
-                                    key.out == OutType::bf16 ? " (bf16 out)" : " (f32 out)"));
+                                    key.in == InType::e4m3 ? " (e4m3 in, per-row scales," : " (bf16 in,",
+                                    key.out == OutType::bf16 ? " bf16 out)" : " f32 out)"));
     p.algo = results[0].algo;
     const double flops = 2.0 * static_cast<double>(key.m) * static_cast<double>(key.n) * static_cast<double>(key.k);
-    if (tuning == GemmTuning::measured && key.m >= Gemm::kTunedMinRows && key.m <= Gemm::kTunedMaxRows &&
+    if (tuning == GemmTuning::measured && key.in == InType::bf16 && key.m >= Gemm::kTunedMinRows && key.m <= Gemm::kTunedMaxRows &&
         flops >= Gemm::kTunedMinFlops)
       choose_measured(key, p, std::span(results.data(), static_cast<std::size_t>(found)), ops);
     return plans.emplace(key, std::move(p)).first->second;
@@ -280,6 +294,29 @@ struct Gemm::Impl {
                             workspace_bytes, static_cast<cudaStream_t>(stream)),
              "cublasLtMatmul");
   }
+
+  void run_e4m3(const std::uint8_t* x, const float* sx, const std::uint8_t* w, const float* sw, std::uint16_t* y,
+                std::int64_t M, std::int64_t N, std::int64_t K, void* stream) {
+    if (M < 0 || N < 0 || K < 1 || K % 16 != 0)
+      throw InvalidArgument(detail::cat("cuda::Gemm::run_e4m3: bad shape M=", M, " N=", N, " K=", K,
+                                        " (need M, N >= 0 and K a positive multiple of 16)"));
+    if (M == 0 || N == 0) return;
+    if (x == nullptr || sx == nullptr || w == nullptr || sw == nullptr || y == nullptr)
+      throw InvalidArgument(detail::cat("cuda::Gemm::run_e4m3: null pointer for M=", M, " N=", N, " K=", K));
+    if (alignment_of(x) < 16 || alignment_of(w) < 16)
+      throw InvalidArgument("cuda::Gemm::run_e4m3: the e4m3 codes must be 16-byte aligned");
+    const Key key{M, N, K, OutType::bf16, alignment_of(x), alignment_of(w), alignment_of(y), InType::e4m3};
+    // The plan is shared by every call of this shape; the scale pointers are this call's.
+    Plan& p = plan(key, Operands{x, w, y, 0.0f, static_cast<cudaStream_t>(stream)});
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw),
+             "set A_SCALE_POINTER");
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx),
+             "set B_SCALE_POINTER");
+    const float alpha = 1.0f, beta = 0.0f;
+    check_lt(cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
+                            workspace_bytes, static_cast<cudaStream_t>(stream)),
+             "cublasLtMatmul (e4m3)");
+  }
 };
 
 Gemm::Gemm(std::size_t workspace_bytes, GemmTuning tuning) : impl_(std::make_unique<Impl>(workspace_bytes, tuning)) {}
@@ -295,6 +332,11 @@ void Gemm::run(const std::uint16_t* x, const std::uint16_t* w, std::uint16_t* y,
 void Gemm::run(const std::uint16_t* x, const std::uint16_t* w, float* y, std::int64_t M, std::int64_t N,
                std::int64_t K, float beta, void* stream) {
   impl_->run(x, w, y, OutType::f32, M, N, K, beta, stream);
+}
+
+void Gemm::run_e4m3(const std::uint8_t* x_q, const float* x_scale, const std::uint8_t* w_q, const float* w_scale,
+                    std::uint16_t* y, std::int64_t M, std::int64_t N, std::int64_t K, void* stream) {
+  impl_->run_e4m3(x_q, x_scale, w_q, w_scale, y, M, N, K, stream);
 }
 
 std::size_t Gemm::cached_plans() const noexcept { return impl_ ? impl_->plans.size() : 0; }

@@ -44,6 +44,54 @@ inline unsigned grid_for(std::int64_t groups, int split) {
   return static_cast<unsigned>((groups + per_block - 1) / per_block);
 }
 
+/// f32 → bf16 bits, rounding to nearest even, NaN kept quiet: infer::f32_to_bf16's rounding.
+__device__ __forceinline__ std::uint16_t to_bf16(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+/// The streaming loop of both GEMVs: thread (sub, lane) of a group reads 16-byte chunks sub·32 + lane,
+/// + 32·kSplit, ... of each of the group's kRows rows (`wr`), kUnroll chunks per row in flight before any
+/// arithmetic, and adds dot(weight chunk, x chunk) for each of the M rows of x (each `chunks` long) into
+/// acc[row][m]; then reduces acc across the warp by shuffles (the sums end in every lane).
+template <int M, int kRows, int kUnroll, int kSplit, class Dot>
+__device__ __forceinline__ void stream_rows(const uint4* const (&wr)[kRows], const uint4* __restrict__ x,
+                                            std::int64_t chunks, bool active, float (&acc)[kRows][M], Dot dot) {
+  const int lane = static_cast<int>(threadIdx.x) % 32, sub = (static_cast<int>(threadIdx.x) / 32) % kSplit;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+  constexpr int kStride = 32 * kSplit;
+  for (std::int64_t base = sub * 32 + lane; active && base < chunks; base += kStride * kUnroll) {
+    uint4 wv[kUnroll][kRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t c = base + u * kStride;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) wv[u][r] = c < chunks ? __ldcs(wr[r] + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t c = base + u * kStride;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const uint4 xv = __ldg(x + m * chunks + c);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r][m] += dot(wv[u][r], xv);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+}
+
 /// Adds up `acc` (already reduced within each warp, valid in lane 0) over the kSplit warps of each group;
 /// returns true in the lane that then holds the group's sums (lane 0 of the group's first warp, and only for
 /// an active group). Every thread of the block must call it (a barrier when kSplit > 1).

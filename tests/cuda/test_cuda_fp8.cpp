@@ -173,3 +173,74 @@ TEST_CASE("cuda::fp8_gemv matches Fp8::matmul on the same codes for M = 1..8", "
   }
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
+
+TEST_CASE("cuda::Gemm::run_e4m3 (cuBLASLt FP8, per-row scales) matches Fp8::matmul", "[cuda][fp8]") {
+  // The prefill / large-batch path of Fp8 on the GPU. Bound per element as fp8_gemv's (file comment), plus
+  // 2^-13·A: Hopper's FP8 tensor cores accumulate with ~14 significant bits (DeepSeek-V3's report, §3.3.2)
+  // between cuBLASLt's promotions to f32 (fast accumulation is left off), so each promoted partial sum
+  // carries up to ~2^-14 of its terms' absolute sum; doubled for slack.
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  kc::Gemm gemm;
+  struct Shape {
+    std::int64_t M, N, K;
+  };
+  const Shape shapes[] = {{9, 1024, 4096}, {64, 1000, 1024}, {200, 1024, 4096}, {33, 4096, 1024}};
+  std::mt19937 rng(test_seed("cuda::Gemm::run_e4m3"));
+  const auto& table = e4m3_table();
+  for (const Shape& s : shapes) {
+    INFO("M=" << s.M << " N=" << s.N << " K=" << s.K);
+    std::vector<float> wf(static_cast<std::size_t>(s.N * s.K));
+    std::normal_distribution<float> d(0.0f, 0.02f);
+    for (auto& v : wf) v = d(rng);
+    const Fp8::linear<cpu> w = Fp8::quantize(wf, s.N, s.K);
+    const auto xb = random_bf16(static_cast<std::size_t>(s.M * s.K), rng);
+    const auto xf = to_f32(xb);
+    std::vector<float> want(static_cast<std::size_t>(s.M * s.N));
+    Fp8::matmul(cpu{}, w, xf.data(), static_cast<std::int32_t>(s.M), want.data());
+    // x quantized on the GPU (its codes are the CPU's: the test above), W's codes from the CPU.
+    test::DeviceMem dwq(w.q.size()), dws(w.scale.size() * 4), dx(xb.size() * 2), dxq(xf.size()),
+        dxs(static_cast<std::size_t>(s.M) * 4), dy(want.size() * 2);
+    upload(dwq, w.q);
+    upload(dws, w.scale);
+    upload(dx, xb);
+    CUDA_REQUIRE(cudaMemset(dy.p, 0xff, want.size() * 2));  // NaN
+    kc::quantize_rows_e4m3(dx.as<std::uint16_t>(), s.M, s.K, dxq.as<std::uint8_t>(), dxs.as<float>(), stream);
+    gemm.run_e4m3(dxq.as<std::uint8_t>(), dxs.as<float>(), dwq.as<std::uint8_t>(), dws.as<float>(), dy.as<std::uint16_t>(),
+                  s.M, s.N, s.K, stream);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    const auto got = to_f32(download<std::uint16_t>(dy.p, want.size()));
+    const auto xq = download<std::uint8_t>(dxq.p, xf.size());
+    const auto xs = download<float>(dxs.p, static_cast<std::size_t>(s.M));
+    int bad = 0;
+    double worst = 0;
+    for (std::int64_t m = 0; m < s.M; ++m)
+      for (std::int64_t n = 0; n < s.N; ++n) {
+        double a = 0;
+        for (std::int64_t k = 0; k < s.K; ++k)
+          a += std::fabs(static_cast<double>(table[xq[static_cast<std::size_t>(m * s.K + k)]]) *
+                         table[w.q[static_cast<std::size_t>(n * s.K + k)]]);
+        a *= static_cast<double>(xs[static_cast<std::size_t>(m)]) * w.scale[static_cast<std::size_t>(n)];
+        const std::size_t i = static_cast<std::size_t>(m * s.N + n);
+        const double bound = std::ldexp(std::fabs(static_cast<double>(want[i])), -8) +
+                             (std::ldexp(1.0, -13) + 4.0 * static_cast<double>(s.K) * std::ldexp(1.0, -24)) * a + 1e-30;
+        const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+        if (err <= bound) worst = std::max(worst, err / bound);
+        else if (++bad <= 5) FAIL_CHECK("y[" << m << "][" << n << "] = " << got[i] << ", want " << want[i] << " ± " << bound);
+      }
+    CHECK(bad == 0);
+    std::printf("  run_e4m3 M=%lld N=%lld K=%lld: worst error / bound %.3g\n", static_cast<long long>(s.M),
+                static_cast<long long>(s.N), static_cast<long long>(s.K), worst);
+  }
+  SECTION("shapes and operands it cannot take are refused") {
+    test::DeviceMem d(4096);
+    const auto* q = d.as<std::uint8_t>();
+    const auto* f = d.as<float>();
+    auto* y = d.as<std::uint16_t>();
+    CHECK_THROWS_AS(gemm.run_e4m3(q, f, q, f, y, 16, 16, 24, stream), InvalidArgument);  // K not a multiple of 16
+    CHECK_THROWS_AS(gemm.run_e4m3(d.as<std::uint8_t>(8), f, q, f, y, 16, 16, 32, stream), InvalidArgument);
+    CHECK_THROWS_AS(gemm.run_e4m3(q, nullptr, q, f, y, 16, 16, 32, stream), InvalidArgument);
+    CHECK_NOTHROW(gemm.run_e4m3(q, f, q, f, y, 0, 16, 32, stream));
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
