@@ -333,12 +333,6 @@ void EngineFileWriter::add_part(std::string name, std::string_view dtype, std::s
 
 void EngineFileWriter::add_scalar(std::string name, std::int64_t value) { scalars_[std::move(name)] = value; }
 
-std::uint64_t EngineFileWriter::data_bytes() const noexcept {
-  std::uint64_t end = 0;
-  for (const auto& p : parts_) end = align_up(end) + p.bytes.size();
-  return end;
-}
-
 std::uint64_t EngineFileWriter::write(const std::filesystem::path& path, EngineFileInfo info,
                                       const std::optional<TokenizerSpec>& tokenizer) const {
   std::set<std::string_view> seen;

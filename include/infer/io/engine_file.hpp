@@ -137,7 +137,6 @@ class EngineFileWriter {
   std::uint64_t write(const std::filesystem::path& path, EngineFileInfo info,
                       const std::optional<TokenizerSpec>& tokenizer) const;
 
-  [[nodiscard]] std::uint64_t data_bytes() const noexcept;
   [[nodiscard]] std::size_t parts() const noexcept { return parts_.size(); }
 
  private:
