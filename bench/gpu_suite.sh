@@ -12,6 +12,7 @@
 #   bench/gpu_suite.sh reference ["T.."]  the [cuda] engine tests' CPU reference (replay_greedy of nine SmolLM2
 #                                prompts) timed at OpenBLAS thread counts T (default: the quota or the cores, 8, 4)
 #   bench/gpu_suite.sh repeat N  the whole [cuda] suite N times in a row with the fixed seeds, a log per run
+#   bench/gpu_suite.sh fp8       --quantizer fp8 beside bf16, Llama-3-8B dummy: batch-1 decode, 1024 x (128, 128)
 #   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the bf16 GEMV's split across warps and without
 #                                (INFER_BF16_GEMV_MAX_SPLIT=1), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step
@@ -159,6 +160,15 @@ case "${1:-}" in
     for k in $(seq 1 "${2:?repeat N}"); do
       run "$build"/tests/test_cuda --durations yes "[cuda]" >"$out/cuda-tests-fixed-run-$k.log" 2>&1
       echo "fixed seeds, run $k: $(tail -n 2 "$out/cuda-tests-fixed-run-$k.log" | tr '\n' ' ')"
+    done
+    ;;
+  fp8)  # issue 18: Fp8 beside bf16 in one run, Llama-3-8B dummy: batch-1 decode and 1024 x (128, 128)
+    for q in fp8 bf16; do
+      run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $q --batch-size 1 --input-len 512 --output-len 128 \
+        --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$q.json"
+      run "$bin"/infer-bench-throughput --dummy llama3-8b --quantizer $q --num-prompts 1024 --input-len 128 \
+        --output-len 128 --max-num-seqs 1024 --max-num-batched-tokens 16384 \
+        --output-json "$out/throughput-llama3-8b-1024x128-128-$q.json"
     done
     ;;
   decode-ab)  # batch-1 decode with the bf16 GEMV split across warps (default) and without, alternating

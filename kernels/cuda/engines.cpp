@@ -10,5 +10,8 @@ template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
                       StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, GgufInPlace>;
 template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
                       StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Bf16>;
+template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Fp8>;
+template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
+                      StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Fp8>;
 
 }  // namespace infer

@@ -106,6 +106,26 @@ class CudaWeightStore {
     }
   }
 
+  /// Device room for `n` f32 values outside the arena, for a Quantizer that decodes a weight before
+  /// re-encoding it (Fp8: f32, then e4m3). Reused by the next call: work enqueued on the store's stream
+  /// that reads it is ordered before any later write (the buffer only grows, after a synchronization).
+  /// nullptr while measuring.
+  [[nodiscard]] float* f32_scratch(std::size_t n) {
+    if (!live_) return nullptr;
+    if (f32_scratch_.size() < n * sizeof(float)) {
+      backend::cuda::check(cudaStreamSynchronize(stream()), "CudaWeightStore: synchronize before regrowing scratch");
+      f32_scratch_ = backend::cuda::DeviceBuffer(n * sizeof(float));
+    }
+    return f32_scratch_.as<float>();
+  }
+
+  /// Copies `bytes` of host memory (pageable: taken by the time this returns) to `dst`.
+  void copy_host(void* dst, const void* src, std::size_t bytes) {
+    if (!live_ || bytes == 0) return;
+    backend::cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()),
+                         "CudaWeightStore: copying host values to the device");
+  }
+
   /// Bytes a measuring pass counted (the capacity the live store needs).
   [[nodiscard]] std::size_t measured_bytes() const noexcept { return measured_; }
   /// Bytes the live arena has handed out.
@@ -117,6 +137,7 @@ class CudaWeightStore {
   void finish() {
     if (live_) backend::cuda::check(cudaStreamSynchronize(stream()), "CudaWeightStore: finishing the weight upload");
     staging_ = backend::cuda::DeviceBuffer();
+    f32_scratch_ = backend::cuda::DeviceBuffer();
   }
 
   /// The arena, moved out once loading is done (the model owns it from then on).
@@ -126,7 +147,7 @@ class CudaWeightStore {
   [[nodiscard]] cudaStream_t stream() const noexcept { return static_cast<cudaStream_t>(stream_); }
 
   backend::cuda::DeviceArena arena_;
-  backend::cuda::DeviceBuffer staging_;
+  backend::cuda::DeviceBuffer staging_, f32_scratch_;
   void* stream_ = nullptr;
   bool live_ = false;
   std::size_t measured_ = 0;

@@ -13,8 +13,9 @@
 /// |         |          | 16> with Int8WeightOnly, Fp8, Int4                                    |
 /// | cpu     | static   | StaticEngine<cpu, kShapeAtRuntime> (the shape in EngineOptions), F32  |
 /// |         |          | or Int8WeightOnly, Fp8, Int4                                          |
-/// | cuda    | paged    | PagedEngine<cuda, 16>, quantizer auto (GgufInPlace) or bf16 (Bf16)    |
-/// | cuda    | static   | StaticEngine<cuda, kShapeAtRuntime>, quantizer auto or bf16           |
+/// | cuda    | paged    | PagedEngine<cuda, 16>, quantizer auto (GgufInPlace), bf16 (Bf16) or   |
+/// |         |          | fp8 (Fp8)                                                             |
+/// | cuda    | static   | StaticEngine<cuda, kShapeAtRuntime>, quantizer auto, bf16 or fp8      |
 ///
 /// Each of these is instantiated once, in kernels/ (engines_cpu.cpp, cuda/engines_cuda.cpp), and declared
 /// `extern template` here, so a program that includes this header compiles none of them again.
@@ -199,8 +200,9 @@ inline void check_engine_choice(std::string_view backend, const LlmOptions& opti
   using detail::cat;
   if (options.engine != "paged" && options.engine != "static")
     throw InvalidArgument(cat("engine '", options.engine, "' is unknown; choose paged or static"));
-  const bool cpu_only = options.quantizer == "int8" || options.quantizer == "fp8" || options.quantizer == "int4";
-  if (options.quantizer != "auto" && options.quantizer != "bf16" && !cpu_only)
+  const bool cpu_only = options.quantizer == "int8" || options.quantizer == "int4";
+  const bool paged_16 = cpu_only || options.quantizer == "fp8";  // one block size compiled for these
+  if (options.quantizer != "auto" && options.quantizer != "bf16" && options.quantizer != "fp8" && !cpu_only)
     throw InvalidArgument(cat("quantizer '", options.quantizer, "' is unknown; choose auto, bf16, int8, fp8 or int4"));
   if (backend == "cuda" && cpu_only)
     throw InvalidArgument(cat("quantizer ", options.quantizer,
@@ -217,7 +219,7 @@ inline void check_engine_choice(std::string_view backend, const LlmOptions& opti
   }
   if (backend != "cuda" && options.quantizer == "bf16")
     throw InvalidArgument("quantizer bf16 is a cuda backend option; the cpu backend computes in f32");
-  if (cpu_only && options.block_size != 16)
+  if (paged_16 && options.block_size != 16)
     throw InvalidArgument(cat("quantizer ", options.quantizer, " runs the paged engine with block_size 16 (asked: block_size ",
                               options.block_size, ")"));
 }
@@ -230,6 +232,9 @@ decltype(auto) with_engine_type(std::string_view backend, const LlmOptions& opti
   const bool paged = options.engine == "paged";
   if (backend == "cuda") {
 #if defined(INFER_HAVE_CUDA)
+    if (options.quantizer == "fp8")
+      return paged ? body.template operator()<PagedEngine<cuda, 16, Fp8>>()
+                   : body.template operator()<StaticEngine<cuda, kShapeAtRuntime, Fp8>>();
     const bool bf16 = options.quantizer == "bf16";
     if (!paged)
       return bf16 ? body.template operator()<StaticEngine<cuda, kShapeAtRuntime, Bf16>>()
@@ -312,6 +317,9 @@ extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
                              StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, GgufInPlace>;
 extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
                              StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Bf16>;
+extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Fp8>;
+extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
+                             StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Fp8>;
 #endif
 
 }  // namespace infer

@@ -249,9 +249,8 @@ class LlamaModel<cuda, Q, Attn> {
     logits_ = backend::cuda::DeviceBuffer(n(S, c.vocab_size, 4));
     ids_ = backend::cuda::DeviceBuffer(n(S, 1, 4));
     sampler_.reserve(S, static_cast<int>(c.vocab_size));
-    const std::size_t scratch_elems = weights_.scratch_elems();
-    if (T > kernels::cuda::kGemvMaxRows && scratch_elems > 0 && scratch_.size() < scratch_elems * 2)
-      scratch_ = backend::cuda::DeviceBuffer(scratch_elems * 2);
+    if (const std::size_t ws = weights_.workspace_bytes(T); ws > 0 && scratch_.size() < ws)
+      scratch_ = backend::cuda::DeviceBuffer(ws);
     const StepMetadataLayout m(T, S, width, S);
     meta_ = backend::cuda::DeviceBuffer(m.bytes);
     pinned_ = backend::cuda::PinnedBuffer(m.bytes);

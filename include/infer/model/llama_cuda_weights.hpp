@@ -27,6 +27,7 @@
 #include "infer/core/error.hpp"
 #include "infer/model/model_config.hpp"
 #include "infer/model/model_source.hpp"
+#include "infer/kernels/cuda/gemm.hpp"
 #include "infer/quant/linear_request.hpp"
 
 namespace infer {
@@ -73,8 +74,24 @@ class LlamaCudaWeights {
   [[nodiscard]] const std::vector<Layer>& layers() const noexcept { return layers_; }
   /// The widest unstacked projection's output (0: every projection is stacked): the model's split buffer.
   [[nodiscard]] std::int64_t split_out() const noexcept { return split_out_; }
-  /// Elements of the largest GGUF weight a GEMM dequantizes (0: none): the model's scratch buffer.
-  [[nodiscard]] std::size_t scratch_elems() const noexcept { return scratch_elems_; }
+  /// Device bytes of matmul workspace a step of T rows needs (0: none), the model's scratch buffer: the most
+  /// any linear asks for, by `workspace_bytes(rows)` (Fp8: the activation's codes and scales) or, in a step
+  /// above kGemvMaxRows rows, by `scratch_elems()` (a GGUF weight dequantized to bf16 for the GEMM).
+  [[nodiscard]] std::size_t workspace_bytes(std::int64_t T) const {
+    std::size_t bytes = 0;
+    const auto need = [&](const linear& w) {
+      if constexpr (requires { w.workspace_bytes(T); }) bytes = std::max(bytes, w.workspace_bytes(T));
+      if constexpr (requires { w.scratch_elems(); })
+        if (T > kernels::cuda::kGemvMaxRows) bytes = std::max(bytes, w.scratch_elems() * sizeof(bf16));
+    };
+    for (const Layer& L : layers_) {
+      for (const linear& w : L.qkv.parts) need(w);
+      for (const linear& w : L.gate_up.parts) need(w);
+      need(L.o);
+      need(L.down);
+    }
+    return bytes;
+  }
   [[nodiscard]] std::size_t bytes() const noexcept { return arena_.used(); }
 
  private:
@@ -110,17 +127,9 @@ class LlamaCudaWeights {
       for (const auto& r : parts) p.parts.push_back(infer::load_linear<Q, cuda>(r, store));
       split_out_ = std::max(split_out_, p.out);
     }
-    for (const auto& w : p.parts) note_scratch(w);
     return p;
   }
-  linear load_linear(const LinearRequest& r, CudaWeightStore& store) {
-    linear w = infer::load_linear<Q, cuda>(r, store);
-    note_scratch(w);
-    return w;
-  }
-  void note_scratch(const linear& w) {
-    if constexpr (requires { w.scratch_elems(); }) scratch_elems_ = std::max(scratch_elems_, w.scratch_elems());
-  }
+  linear load_linear(const LinearRequest& r, CudaWeightStore& store) { return infer::load_linear<Q, cuda>(r, store); }
   const bf16* load_bf16_matrix(const ModelSource& src, const WeightTensor& t, std::int64_t rows, std::int64_t cols,
                                CudaWeightStore& store) {
     check_shape(src, t, rows, cols);
@@ -150,7 +159,6 @@ class LlamaCudaWeights {
     const ModelConfig& c = src.config();
     const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, qs = c.q_size(), kvs = c.kv_size();
     split_out_ = 0;
-    scratch_elems_ = 0;
     layers_.clear();
     const WeightTensor embd = src.get("token_embd");
     embedding_ = load_bf16_matrix(src, embd, V, H, store);
@@ -193,7 +201,6 @@ class LlamaCudaWeights {
   const float* output_norm_ = nullptr;
   std::vector<Layer> layers_;
   std::int64_t split_out_ = 0;
-  std::size_t scratch_elems_ = 0;
 };
 
 }  // namespace infer

@@ -13,6 +13,13 @@
 /// matmul computes y[r][o] = Σ_i (q_x[r][i] · s_x[r]) · (q[o][i] · s[o]) in f32.
 /// The LM head is kept out of FP8, weights and activations (quant/kept_head.hpp), unless the checkpoint holds
 /// it in FP8.
+///
+/// On the cuda backend the same arithmetic runs on the device (kernels/cuda/fp8.hpp): the weights' codes and
+/// row scales live in the weight arena (a weight that is not FP8 is decoded to f32 on the device and
+/// quantized there, bit for bit as the CPU would), each matmul quantizes its bf16 activation rows into the
+/// step's workspace (`workspace_bytes`), then runs the FP8 GEMV (up to kGemvMaxRows rows) or cuBLASLt's FP8
+/// GEMM with per-row scales. The GPU's activations are bf16 before they are quantized (the CPU's are f32),
+/// and the LM head is the decoder's bf16 head, as for every quantizer on the GPU. K must be a multiple of 16.
 
 #include <algorithm>
 #include <cmath>
@@ -32,6 +39,12 @@
 #include "infer/quant/per_row_linear.hpp"
 #include "infer/quant/tiled_gemm.hpp"
 
+#if defined(INFER_HAVE_CUDA)
+#include "infer/backend/weight_store.hpp"
+#include "infer/kernels/cuda/fp8.hpp"
+#include "infer/kernels/cuda/gemm.hpp"
+#endif
+
 namespace infer {
 
 namespace detail {
@@ -49,6 +62,28 @@ struct Fp8Linear<cpu> : PerRowLinear<std::uint8_t> {
     return e4m3_to_f32(q[static_cast<std::size_t>(o * in_features + i)]) * scale[static_cast<std::size_t>(o)];
   }
 };
+
+#if defined(INFER_HAVE_CUDA)
+/// e4m3 codes [out][in] and one f32 scale per output row, in the CUDA weight arena.
+template <>
+struct Fp8Linear<cuda> {
+  const std::uint8_t* q = nullptr;
+  const float* scale = nullptr;
+  std::int64_t out_features = 0;
+  std::int64_t in_features = 0;
+
+  [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
+  [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
+  /// Where a matmul of `rows` rows puts its activation's scales: after the codes, 16-byte aligned.
+  [[nodiscard]] std::size_t scales_offset(std::int64_t rows) const noexcept {
+    return (static_cast<std::size_t>(rows * in_features) + 15) / 16 * 16;
+  }
+  /// Device bytes a matmul of `rows` rows needs (the model's step workspace): the activation's codes and scales.
+  [[nodiscard]] std::size_t workspace_bytes(std::int64_t rows) const noexcept {
+    return scales_offset(rows) + static_cast<std::size_t>(rows) * sizeof(float);
+  }
+};
+#endif
 
 }  // namespace detail
 
@@ -92,7 +127,7 @@ struct Fp8 {
   /// FormatError for a weight or scale of the wrong shape, NotFoundError for FP8 without its scale.
   template <class B>
   static linear<B> load(const LinearRequest& r, cpu = {}) {
-    static_assert(std::is_same_v<B, cpu>, "infer::Fp8::load: only the cpu backend is implemented so far");
+    static_assert(std::is_same_v<B, cpu>, "infer::Fp8::load: this overload loads for the cpu backend");
     const WeightTensor t = r.checked_weight();
     const auto n = static_cast<std::size_t>(r.out * r.in);
     if (t.type != DType::fp8_e4m3 && r.lm_head) return detail::KeptHead::keep<linear<B>>(r);
@@ -101,6 +136,18 @@ struct Fp8 {
       dequantize_to_f32(t, w);
       return quantize(w, r.out, r.in);
     }
+    linear<B> l;
+    l.out_features = r.out;
+    l.in_features = r.in;
+    l.q.resize(n);
+    std::memcpy(l.q.data(), t.data.data(), n);
+    l.scale = checkpoint_scales(r);
+    return l;
+  }
+
+  /// An FP8 checkpoint's `weight_scale` for `r`, one value per output row (a per-tensor scale repeated).
+  /// FormatError for a scale of the wrong shape, NotFoundError when it is missing.
+  static std::vector<float> checkpoint_scales(const LinearRequest& r) {
     const WeightTensor s = r.require_companion("weight_scale", name);
     const std::uint64_t count = s.elements();
     const bool per_tensor = count == 1 && s.shape.size() <= 2;
@@ -110,14 +157,58 @@ struct Fp8 {
       r.wrong_shape(s, detail::cat("one value (per tensor), or [", r.out, "] or [", r.out, ", 1] (per output row)"));
     std::vector<float> scales(static_cast<std::size_t>(count));
     dequantize_to_f32(s, scales);
+    return per_channel ? scales : std::vector<float>(static_cast<std::size_t>(r.out), scales[0]);
+  }
+
+#if defined(INFER_HAVE_CUDA)
+  /// The weight of `r` in the arena: an FP8 checkpoint's codes and scales as they are; any other weight
+  /// decoded to f32 on the device and quantized per row there. Errors as the CPU load, and InvalidArgument
+  /// for an input width that is not a multiple of 16 (the FP8 kernels' unit).
+  template <class B>
+  static linear<B> load(const LinearRequest& r, CudaWeightStore& store) {
+    static_assert(std::is_same_v<B, cuda>);
+    const WeightTensor t = r.checked_weight();
+    require<InvalidArgument>(r.in % 16 == 0, "Fp8 on cuda: '", r.role, "' has ", r.in,
+                             " inputs; the FP8 kernels need a multiple of 16");
     linear<B> l;
     l.out_features = r.out;
     l.in_features = r.in;
-    l.q.resize(n);
-    std::memcpy(l.q.data(), t.data.data(), n);
-    l.scale = per_channel ? std::move(scales) : std::vector<float>(static_cast<std::size_t>(r.out), scales[0]);
+    const auto n = static_cast<std::size_t>(r.out * r.in);
+    auto* q = static_cast<std::uint8_t*>(store.allocate(n));
+    auto* scale = static_cast<float*>(store.allocate(static_cast<std::size_t>(r.out) * sizeof(float)));
+    l.q = q;
+    l.scale = scale;
+    if (t.type == DType::fp8_e4m3) {
+      const std::vector<float> s = checkpoint_scales(r);  // checked even while measuring
+      if (q == nullptr) return l;
+      store.copy_bytes(q, t);
+      store.copy_host(scale, s.data(), s.size() * sizeof(float));
+      return l;
+    }
+    if (q == nullptr) return l;  // the measuring pass
+    float* values = store.f32_scratch(n);
+    store.store_f32(values, t);
+    kernels::cuda::quantize_rows_e4m3(values, r.out, r.in, q, scale, store.stream_handle());
     return l;
   }
+
+  /// y[rows][w.out()] (bf16) = e4m3(x)·s_x · (e4m3(w)·s_w)ᵀ: x's rows quantized into ctx's workspace, then
+  /// the FP8 GEMV (rows <= kGemvMaxRows) or cuBLASLt's FP8 GEMM.
+  static void matmul(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
+                     std::uint16_t* y) {
+    namespace kc = kernels::cuda;
+    require<InvalidArgument>(ctx.scratch != nullptr && ctx.scratch_elems * 2 >= w.workspace_bytes(rows),
+                             "Fp8 matmul of ", rows, " rows of [", w.out(), ", ", w.in(), "] needs ",
+                             w.workspace_bytes(rows), " bytes of workspace; the context has ", ctx.scratch_elems * 2);
+    auto* codes = reinterpret_cast<std::uint8_t*>(ctx.scratch);
+    auto* scales = reinterpret_cast<float*>(codes + w.scales_offset(rows));
+    kc::quantize_rows_e4m3(x, rows, w.in(), codes, scales, ctx.stream);
+    if (rows <= kc::kGemvMaxRows && kc::fp8_gemv_supports(w.q, codes, w.in()))
+      kc::fp8_gemv(w.q, w.scale, codes, scales, rows, w.out(), w.in(), y, ctx.stream);
+    else
+      ctx.gemm->run_e4m3(codes, scales, w.q, w.scale, y, rows, w.out(), w.in(), ctx.stream);
+  }
+#endif
 
   /// y[rows][w.out()] = e4m3(x)·s_x · (e4m3(w)·s_w)ᵀ, each row of x quantized with its own scale.
   static void matmul(cpu, const linear<cpu>& w, const float* x, std::int32_t rows, float* y) {
@@ -148,5 +239,9 @@ struct Fp8 {
 
 static_assert(Quantizer<Fp8, cpu>);
 static_assert(RoleQuantizer<Fp8, cpu>);
+#if defined(INFER_HAVE_CUDA)
+static_assert(Quantizer<Fp8, cuda>);
+static_assert(RoleQuantizer<Fp8, cuda>);
+#endif
 
 }  // namespace infer

@@ -76,9 +76,17 @@ TEST_CASE("ModelSpec refuses combinations that cannot load, naming the flag") {
   CHECK_THROWS_WITH(check_engine_choice("cpu", int8), Catch::Contains("block_size 16"));
   int8.quantizer = "int3";
   CHECK_THROWS_WITH(check_engine_choice("cpu", int8), Catch::Contains("choose auto, bf16, int8, fp8 or int4"));
-  int8.quantizer = "fp8";
+  int8.quantizer = "int4";
   int8.block_size = 16;
-  CHECK_THROWS_WITH(check_engine_choice("cuda", int8), Catch::Contains("quantizer fp8 runs on the cpu backend only"));
+  CHECK_THROWS_WITH(check_engine_choice("cuda", int8), Catch::Contains("quantizer int4 runs on the cpu backend only"));
+  LlmOptions fp8 = small_options();
+  fp8.quantizer = "fp8";
+  CHECK_NOTHROW(check_engine_choice("cuda", fp8));  // Fp8 has its GPU kernels (kernels/cuda/fp8_linear.cu)
+  fp8.engine = "static";
+  CHECK_NOTHROW(check_engine_choice("cuda", fp8));
+  fp8.engine = "paged";
+  fp8.block_size = 8;
+  CHECK_THROWS_WITH(check_engine_choice("cuda", fp8), Catch::Contains("block_size 16"));
   CHECK(message(ModelSpec{.dummy = "llama3-8b", .tokenizer = model, .backend = "cpu"}).empty());
   CHECK(ModelSpec{.dummy = "llama3-8b"}.name() == "dummy-llama3-8b");
   CHECK(ModelSpec{.model = model}.name() == model.filename().string());

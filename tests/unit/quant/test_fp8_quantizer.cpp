@@ -19,7 +19,11 @@ using Catch::Matchers::Contains;
 
 static_assert(Quantizer<Fp8, cpu>);
 static_assert(RoleQuantizer<Fp8, cpu>);
-static_assert(!Quantizer<Fp8, cuda>);  // the GPU GEMM is not written yet: the concept says so
+#if defined(INFER_HAVE_CUDA)
+static_assert(Quantizer<Fp8, cuda>);  // the FP8 GEMV and cuBLASLt GEMM (kernels/cuda/fp8_linear.cu, gemm.cu)
+#else
+static_assert(!Quantizer<Fp8, cuda>);  // a build without CUDA has no device linear: the concept says so
+#endif
 
 namespace {
 
