@@ -14,7 +14,7 @@
 #   bench/gpu_suite.sh repeat N  the whole [cuda] suite N times in a row with the fixed seeds, a log per run
 #   bench/gpu_suite.sh fp8       --quantizer fp8 beside bf16, Llama-3-8B dummy: batch-1 decode, 1024 x (128, 128)
 #   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the bf16 GEMV's split across warps and without
-#                                (INFER_BF16_GEMV_MAX_SPLIT=1), alternating, two runs each
+#                                (INFER_GEMV_MAX_SPLIT=1), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step
 #                                timed alone by ncu (eager), summed per kernel and per launch order
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
@@ -173,7 +173,7 @@ case "${1:-}" in
     ;;
   decode-ab)  # batch-1 decode with the bf16 GEMV split across warps (default) and without, alternating
     for k in 1 4 1 4; do
-      INFER_BF16_GEMV_MAX_SPLIT=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 \
+      INFER_GEMV_MAX_SPLIT=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 \
         --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-split$k.json"
     done
     ;;

@@ -18,6 +18,7 @@
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
+#include "infer/core/fp8.hpp"
 #include "infer/kernels/cuda/fp8.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
 #include "gemv_split.cuh"
@@ -26,7 +27,6 @@ namespace infer::kernels::cuda {
 namespace {
 
 constexpr int kQuantThreads = 256;
-constexpr float kE4m3Max = 448.0f;
 
 __device__ __forceinline__ float load_f32(const std::uint16_t* p, std::int64_t i) {
   return __uint_as_float(static_cast<unsigned>(p[i]) << 16);

@@ -18,11 +18,12 @@ constexpr int kMaxSplit = 4;  // warps per row group at most (kWarps / kSplit gr
 /// Warps a GEMV should launch: gate_up's 14,336 read at 3.96 TB/s; 2,048 read at 2.6.
 constexpr std::int64_t kTargetWarps = 8192;
 
-/// The largest split allowed: kMaxSplit, or INFER_BF16_GEMV_MAX_SPLIT = 1 or 2 (read once), which exists to
-/// measure the split against one-warp groups in the same build (bench/gpu_suite.sh decode-ab).
+/// The largest split allowed, for the bf16 and FP8 GEMVs alike: kMaxSplit, or INFER_GEMV_MAX_SPLIT = 1 or 2
+/// (read once), which exists to measure the split against one-warp groups in the same build
+/// (bench/gpu_suite.sh decode-ab).
 inline int max_split() {
   static const int value = [] {
-    const char* e = std::getenv("INFER_BF16_GEMV_MAX_SPLIT");
+    const char* e = std::getenv("INFER_GEMV_MAX_SPLIT");
     const int k = e != nullptr ? std::atoi(e) : kMaxSplit;
     return k == 1 || k == 2 ? k : kMaxSplit;
   }();
