@@ -13,6 +13,10 @@
 #                                prompts) timed at OpenBLAS thread counts T (default: the quota or the cores, 8, 4)
 #   bench/gpu_suite.sh repeat N  the whole [cuda] suite N times in a row with the fixed seeds, a log per run
 #   bench/gpu_suite.sh fp8       --quantizer fp8 beside bf16, Llama-3-8B dummy: batch-1 decode, 1024 x (128, 128)
+#   bench/gpu_suite.sh engine-file  cold start from an engine file (infer-build --backend cuda, static engine,
+#                                Shape {1, 512, 128}), Llama-3-8B dummy, fp8 then bf16: build, then two runs of
+#                                infer-bench-latency --engine-file (its cold start: weights on the device, graphs,
+#                                first token); files under $ENGINE_DIR (default /root/engines), removed after
 #   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the bf16 GEMV's split across warps and without
 #                                (INFER_GEMV_MAX_SPLIT=1), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step
@@ -120,7 +124,7 @@ case "${1:-}" in
   build)
     cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DINFER_CUDA=ON >/dev/null &&
       cmake --build "$build" -j"$(nproc)" --target test_cuda test_rounding_noise infer-bench-latency \
-        infer-bench-throughput infer-serve infer-bench-serve infer-offline-batch infer-generate || exit 1
+        infer-bench-throughput infer-serve infer-bench-serve infer-offline-batch infer-generate infer-build || exit 1
     # The CPU reference (the [cuda] tests' replays) runs on this BLAS: which library, how many threads.
     echo "cores: $(nproc) (affinity), $(nproc --all) (all); cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none); OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-unset}"
     echo "BLAS: $(ldd "$build"/tests/test_cuda | grep -iE 'blas|lapack' | tr -s ' \t' ' ' | tr '\n' ';')"
@@ -169,6 +173,20 @@ case "${1:-}" in
       run "$bin"/infer-bench-throughput --dummy llama3-8b --quantizer $q --num-prompts 1024 --input-len 128 \
         --output-len 128 --max-num-seqs 1024 --max-num-batched-tokens 16384 \
         --output-json "$out/throughput-llama3-8b-1024x128-128-$q.json"
+    done
+    ;;
+  engine-file)  # issue 18: build once, then the cold start from the file, as TensorRT-LLM users run it
+    dir=${ENGINE_DIR:-/root/engines}
+    mkdir -p "$dir"
+    for q in fp8 bf16; do
+      f=$dir/llama3-8b-$q-static-1x512x128.engine
+      run "$bin"/infer-build --backend cuda --dummy llama3-8b --engine static --quantizer $q --max-batch 1 \
+        --max-input 512 --max-output 128 -o "$f" --json
+      for k in 1 2; do
+        run "$bin"/infer-bench-latency --engine-file "$f" --batch-size 1 --input-len 512 --output-len 128 \
+          --num-iters 3 --output-json "$out/latency-engine-file-llama3-8b-$q-run$k.json"
+      done
+      rm -f "$f"
     done
     ;;
   decode-ab)  # batch-1 decode with the bf16 GEMV split across warps (default) and without, alternating

@@ -13,6 +13,10 @@
 
 #include "infer/io/mapped_file.hpp"
 
+#if defined(INFER_HAVE_CUDA)
+#include "infer/backend/cuda_runtime.hpp"
+#endif
+
 namespace infer {
 
 using detail::cat;
@@ -415,6 +419,17 @@ std::uint64_t EngineFileWriter::write(const std::filesystem::path& path, EngineF
   std::filesystem::rename(tmp, path, ec);
   if (ec) throw IoError(cat("cannot move '", tmp.string(), "' to '", path.string(), "': ", ec.message()));
   return data_offset + end;
+}
+
+std::string engine_file_architecture(std::string_view backend) {
+  if (backend == "cpu") return "cpu";
+  if (backend != "cuda") return std::string(backend);
+#if defined(INFER_HAVE_CUDA)
+  if (backend::cuda::device_count() == 0) return "no cuda device";
+  return backend::cuda::device_architecture();
+#else
+  return "no cuda in this build";
+#endif
 }
 
 }  // namespace infer

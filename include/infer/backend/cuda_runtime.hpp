@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -44,6 +45,15 @@ inline int device_count() noexcept {
     return 0;
   }
   return n;
+}
+
+/// The current device's architecture as nvcc names it ("sm_90" for an H100 or H200).
+inline std::string device_architecture() {
+  int device = 0, major = 0, minor = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "reading the compute capability");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "reading the compute capability");
+  return detail::cat("sm_", major, minor);
 }
 
 /// Free and total memory of the current device, in bytes (cudaMemGetInfo).

@@ -9,12 +9,14 @@
 /// `options.engine_options` is recorded as given; the run-time settings among them (KV cache size,
 /// scheduler limits) are defaults that a run may change (engine_file_options).
 ///
-/// Compiled once (kernels/cpu/engine_build.cpp). The cpu backend only so far: the CUDA weight loader does
-/// not read or write parts yet (UnsupportedError).
+/// Compiled once (kernels/cpu/engine_build.cpp; the cuda backend's weights in kernels/cuda/engine_build.cpp,
+/// which loads them onto the GPU through the Quantizer, as the engine would, and writes its weight arena).
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 
 #include "infer/engine/engine_registry.hpp"
 #include "infer/io/engine_file.hpp"
@@ -30,8 +32,40 @@ struct EngineBuildReport {
 };
 
 /// Builds `out` from `spec` for the engine `options` name. Errors: ModelSpec::validate's, check_engine_choice's,
-/// what loading throws, UnsupportedError for the cuda backend, IoError naming `out` when it cannot be written
-/// (nothing is left at `out` then).
+/// what loading throws, DeviceError for the cuda backend in a build without it, IoError naming `out` when it
+/// cannot be written (nothing is left at `out` then).
 EngineBuildReport build_engine_file(const ModelSpec& spec, const LlmOptions& options, const std::filesystem::path& out);
+
+namespace detail {
+
+/// The file's writing, shared by the backends: `fill(writer)` loads the weights, adds their parts and returns
+/// what owns the arrays those parts borrow (kept until the file is written); its time is the report's
+/// load_seconds.
+template <class Fill>
+EngineBuildReport write_engine_file(const ModelSource& src, EngineFileInfo info, const std::filesystem::path& out,
+                                    Fill&& fill) {
+  using Clock = std::chrono::steady_clock;
+  EngineBuildReport report;
+  const auto t0 = Clock::now();
+  EngineFileWriter writer;
+  const auto owner = fill(writer);
+  const auto t1 = Clock::now();
+  std::optional<TokenizerSpec> tokenizer;
+  if (src.tokenizer()) tokenizer = src.tokenizer()->spec();
+  report.file_bytes = writer.write(out, info, tokenizer);
+  report.parts = writer.parts();
+  report.load_seconds = std::chrono::duration<double>(t1 - t0).count();
+  report.write_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+  report.info = std::move(info);
+  return report;
+}
+
+#if defined(INFER_HAVE_CUDA)
+/// The cuda half of build_engine_file: `info` filled in but for quantizer_layout, which the Quantizer that
+/// `info.quantizer` names sets (auto: GgufInPlace, bf16: Bf16, fp8: Fp8).
+EngineBuildReport build_cuda_engine_file(const ModelSource& src, EngineFileInfo info, const std::filesystem::path& out);
+#endif
+
+}  // namespace detail
 
 }  // namespace infer

@@ -23,13 +23,6 @@
 
 namespace infer {
 
-/// The architecture name this process would build for on `backend` ("cpu" here; the CUDA loader adds
-/// "sm_XY" when it reads engine files).
-inline std::string engine_file_architecture(std::string_view backend) {
-  if (backend == "cpu") return "cpu";
-  return std::string(backend);
-}
-
 /// `asked` with the file's fixed settings filled in; `backend` ("cpu", "cuda" or "auto") becomes the file's.
 /// Errors as the file comment says.
 inline LlmOptions engine_file_options(const EngineFileInfo& info, const std::filesystem::path& path, LlmOptions asked,

@@ -40,6 +40,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "infer/core/error.hpp"
@@ -181,5 +182,70 @@ struct EnginePartLoader {
   }
   void operator()(std::string_view member, std::int64_t& v) const { v = file.scalar(prefix + std::string(member)); }
 };
+
+/// Arena visitors, for a backend whose weights all live in one device arena (cuda): the arena is one part,
+/// read straight into device memory, and a weight lists its pointers into it (`v.pointer("data", p, bytes)`,
+/// saved as the scalar `<role>.data.offset`, -1 for none) and its sizes (`v.scalar("out", out)`). A weight
+/// lists its scalars before its pointers, so a loader knows the bytes a pointer must have.
+struct EngineArenaSaver {
+  EngineFileWriter& writer;
+  const void* base;    ///< the arena's first byte (device)
+  std::string prefix;  ///< "<role>."
+
+  [[nodiscard]] EngineArenaSaver at(std::string_view role) const { return {writer, base, prefix + std::string(role) + "."}; }
+  template <class T>
+    requires std::is_integral_v<T> || std::is_enum_v<T>
+  void scalar(std::string_view member, const T& v) const {
+    writer.add_scalar(prefix + std::string(member), static_cast<std::int64_t>(v));
+  }
+  template <class T>
+  void pointer(std::string_view member, const T* const& p, std::size_t /*bytes*/) const {
+    const auto offset = p == nullptr ? std::int64_t{-1}
+                                     : static_cast<std::int64_t>(reinterpret_cast<const std::byte*>(p) -
+                                                                 static_cast<const std::byte*>(base));
+    writer.add_scalar(prefix + std::string(member) + ".offset", offset);
+  }
+};
+
+struct EngineArenaLoader {
+  const EngineFile& file;
+  const void* base;          ///< the arena the part "arena" was copied into (device; null for a checking pass)
+  std::uint64_t arena_bytes;
+  std::string prefix;
+
+  [[nodiscard]] EngineArenaLoader at(std::string_view role) const {
+    return {file, base, arena_bytes, prefix + std::string(role) + "."};
+  }
+  template <class T>
+    requires std::is_integral_v<T> || std::is_enum_v<T>
+  void scalar(std::string_view member, T& v) const {
+    const std::int64_t x = file.scalar(prefix + std::string(member));
+    if constexpr (std::is_integral_v<T>)
+      if (!std::in_range<T>(x))
+        throw FormatError(detail::cat("engine file '", file.path().string(), "': scalar '", prefix, member, "' is ", x,
+                                      ", out of its type's range"));
+    v = static_cast<T>(x);
+  }
+  /// FormatError naming the pointer when its `bytes` would not lie inside the arena.
+  template <class T>
+  void pointer(std::string_view member, const T*& p, std::size_t bytes) const {
+    const std::string name = prefix + std::string(member) + ".offset";
+    const std::int64_t offset = file.scalar(name);
+    if (offset == -1 && bytes == 0) {
+      p = nullptr;
+      return;
+    }
+    if (offset < 0 || static_cast<std::uint64_t>(offset) > arena_bytes || bytes > arena_bytes - offset)
+      throw FormatError(detail::cat("engine file '", file.path().string(), "': '", name, "' is ", offset, " for ", bytes,
+                                    " bytes, outside the weight arena of ", arena_bytes, " bytes"));
+    // (integer arithmetic: a checking pass places pointers against a null base before the arena exists)
+    p = reinterpret_cast<const T*>(reinterpret_cast<std::uintptr_t>(base) + static_cast<std::uintptr_t>(offset));
+  }
+};
+
+/// The architecture an engine file for `backend` is built for on this machine: "cpu" for the cpu backend
+/// (a little-endian host), the current GPU's "sm_XY" for cuda; "no cuda device" or "no cuda in this build"
+/// where there is none, which no file names, so loading one is refused naming both.
+std::string engine_file_architecture(std::string_view backend);
 
 }  // namespace infer

@@ -76,16 +76,12 @@ class LlamaModel<cuda, Q, Attn> {
   using bf16 = std::uint16_t;
 
  public:
-  /// Loads every weight into one device arena. Errors as ModelSource / the Quantizer, naming the tensor;
-  /// DeviceError when the device cannot hold the weights.
-  /// Engine files (infer-build) are written and read on the cpu backend so far: the GPU's arrays live in
-  /// one device arena and its loader does not read parts yet.
-  static LlamaModel load(const ModelSource& src) {
-    if (src.engine_file())
-      throw UnsupportedError(detail::cat(src.describe(), ": engine files run on the cpu backend only so far; ",
-                                         "load the model file itself on cuda"));
-    return LlamaModel(src);
-  }
+  /// Loads every weight into one device arena (from an engine file: its arena, copied as it is). Errors as
+  /// ModelSource / the Quantizer, naming the tensor; DeviceError when the device cannot hold the weights.
+  static LlamaModel load(const ModelSource& src) { return LlamaModel(src); }
+
+  /// The weights as an engine file's parts (LlamaCudaWeights::save): what infer-build writes for cuda.
+  void save_weights(EngineFileWriter& out, std::vector<std::byte>& host) const { weights_.save(config_, out, host); }
 
   LlamaModel(LlamaModel&&) noexcept = default;
   LlamaModel& operator=(LlamaModel&&) noexcept = default;

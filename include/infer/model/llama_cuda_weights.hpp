@@ -21,10 +21,12 @@
 #include <vector>
 
 #include "infer/backend/cuda_runtime.hpp"
+#include "infer/backend/cuda_upload.hpp"
 #include "infer/backend/weight_store.hpp"
 #include "infer/concepts.hpp"
 #include "infer/core/backend.hpp"
 #include "infer/core/error.hpp"
+#include "infer/io/engine_file.hpp"
 #include "infer/model/model_config.hpp"
 #include "infer/model/model_source.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
@@ -55,8 +57,14 @@ class LlamaCudaWeights {
 
   /// Loads every weight of `src` into one arena, enqueued on `stream` (done when the stream is).
   /// Errors as ModelSource / the Quantizer, naming the tensor; FormatError for a shape that differs from
-  /// the config; DeviceError when the device cannot hold the weights.
+  /// the config; DeviceError when the device cannot hold the weights. An engine file's arena is copied as
+  /// it is (restore); FormatError naming the file when it holds another Quantizer's layout or an offset or
+  /// size its config does not allow.
   LlamaCudaWeights(const ModelSource& src, void* stream) {
+    if (const EngineFile* file = src.engine_file()) {
+      restore(*file, stream);
+      return;
+    }
     CudaWeightStore measuring;
     load(src, measuring);  // sizes only
     CudaWeightStore store(measuring.measured_bytes(), stream);
@@ -93,6 +101,16 @@ class LlamaCudaWeights {
     return bytes;
   }
   [[nodiscard]] std::size_t bytes() const noexcept { return arena_.used(); }
+
+  /// Writes the weights into `out` as an engine file's parts: the arena, copied into `host` (which must
+  /// outlive out.write()), as the part "arena", and every pointer into it and every size as scalars.
+  void save(const ModelConfig& c, EngineFileWriter& out, std::vector<std::byte>& host) const {
+    host.resize(arena_.used());
+    backend::cuda::check(cudaMemcpy(host.data(), arena_.base(), host.size(), cudaMemcpyDeviceToHost),
+                         "LlamaCudaWeights: copying the weight arena to the host");
+    out.add_part("arena", element_type_name<std::uint8_t>(), std::span<const std::byte>(host));
+    visit_arena(*this, c, EngineArenaSaver{out, arena_.base(), ""});
+  }
 
  private:
   static constexpr bool kStacks = requires(std::span<const WeightTensor> parts, CudaWeightStore& s) {
@@ -152,6 +170,89 @@ class LlamaCudaWeights {
         at += sizes[i];
       }
     return p;
+  }
+
+  /// Every pointer into the arena and every size, in one order for saving and restoring (io/engine_file.hpp's
+  /// arena visitors): the Quantizer's linears list their own (`visit_arena`).
+  template <class Self, class V>
+  static void visit_arena(Self& w, const ModelConfig& c, const V& v) {
+    const auto n = [](std::int64_t x) { return static_cast<std::size_t>(std::max<std::int64_t>(x, 0)); };
+    const std::size_t H = n(c.hidden_size), V_ = n(c.vocab_size);
+    const std::size_t qkv_out = n(c.q_size() + 2 * c.kv_size());
+    v.pointer("token_embd", w.embedding_, V_ * H * sizeof(bf16));
+    v.pointer("output", w.lm_head_, V_ * H * sizeof(bf16));
+    v.pointer("output_norm", w.output_norm_, H * sizeof(float));
+    v.scalar("split_out", w.split_out_);
+    const auto projection = [](auto& p, const V& pv) {
+      std::size_t parts = p.parts.size();
+      pv.scalar("parts", parts);
+      pv.scalar("out", p.out);
+      if constexpr (!std::is_const_v<std::remove_reference_t<decltype(p)>>) {
+        if (parts < 1 || parts > 3) throw FormatError(detail::cat("engine file: a projection of ", parts, " parts"));
+        p.parts.resize(parts);
+      }
+      for (std::size_t k = 0; k < parts; ++k) linear::visit_arena(p.parts[k], pv.at(std::to_string(k)));
+    };
+    for (std::size_t i = 0; i < w.layers_.size(); ++i) {
+      auto& L = w.layers_[i];
+      const V lv = v.at(detail::cat("blk.", i));
+      lv.pointer("attn_norm", L.attn_norm, H * sizeof(float));
+      lv.pointer("ffn_norm", L.ffn_norm, H * sizeof(float));
+      lv.pointer("qkv_bias", L.qkv_bias, c.attention_bias ? qkv_out * sizeof(float) : 0);
+      projection(L.qkv, lv.at("qkv"));
+      projection(L.gate_up, lv.at("gate_up"));
+      linear::visit_arena(L.o, lv.at("attn_output"));
+      linear::visit_arena(L.down, lv.at("ffn_down"));
+    }
+  }
+
+  /// The engine file's arena on the device and every pointer placed (see the constructor).
+  void restore(const EngineFile& file, void* stream) {
+    using detail::cat;
+    const EngineFileInfo& info = file.info();
+    const std::string where = cat("engine file '", file.path().string(), "'");
+    if (info.quantizer_layout != Q::name)
+      throw FormatError(cat(where, " holds weights of quantizer ", info.quantizer_layout, "; this engine's is ", Q::name,
+                            " (load it with --quantizer ", info.quantizer, ", or rebuild it)"));
+    const ModelConfig& c = info.config;
+    const std::span<const std::byte> bytes = file.part("arena", element_type_name<std::uint8_t>());
+    layers_.resize(static_cast<std::size_t>(c.num_layers));
+    // Placed and checked before any byte moves: a bad file costs no device memory.
+    visit_arena(*this, c, EngineArenaLoader{file, nullptr, bytes.size(), ""});
+    const std::int64_t H = c.hidden_size, I = c.intermediate_size, qs = c.q_size(), kvs = c.kv_size();
+    const auto check = [&](const std::string& role, std::int64_t out, std::int64_t in, std::int64_t want_out,
+                           std::int64_t want_in) {
+      if (out != want_out || in != want_in)
+        throw FormatError(cat(where, ": weight '", role, "' is [", out, ", ", in, "]; the config implies [", want_out,
+                              ", ", want_in, "]"));
+    };
+    const auto check_linear = [&](const std::string& role, const linear& l, std::int64_t out, std::int64_t in) {
+      if (!l.consistent()) throw FormatError(cat(where, ": weight '", role, "' is not one this Quantizer runs"));
+      check(role, l.out(), l.in(), out, in);
+    };
+    const auto check_projection = [&](const std::string& role, const Projection& p, std::int64_t out, std::int64_t in) {
+      std::int64_t sum = 0;
+      for (std::size_t k = 0; k < p.parts.size(); ++k) {
+        check_linear(cat(role, ".", k), p.parts[k], p.parts[k].out(), in);
+        sum += p.parts[k].out();
+      }
+      check(role, sum, in, out, in);
+      check(role, p.out, in, out, in);
+      if (p.parts.size() > 1 && split_out_ < p.out)
+        throw FormatError(cat(where, ": split_out ", split_out_, " is less than '", role, "''s ", p.out, " outputs"));
+    };
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& L = layers_[i];
+      const std::string blk = cat("blk.", i, ".");
+      check_projection(blk + "qkv", L.qkv, qs + 2 * kvs, H);
+      check_projection(blk + "gate_up", L.gate_up, 2 * I, H);
+      check_linear(blk + "attn_output", L.o, H, qs);
+      check_linear(blk + "ffn_down", L.down, H, I);
+    }
+    arena_ = backend::cuda::DeviceArena(bytes.size());
+    void* base = arena_.allocate(bytes.size());
+    backend::cuda::upload_staged(base, bytes, stream);
+    visit_arena(*this, c, EngineArenaLoader{file, base, bytes.size(), ""});
   }
 
   void load(const ModelSource& src, CudaWeightStore& store) {

@@ -28,6 +28,25 @@ struct CudaLinear {
 
   [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
   [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
+  /// Bytes of `data` (0 for a type no matmul here runs).
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    if (type == DType::bf16) return static_cast<std::size_t>(out_features * in_features) * 2;
+    if (!kernels::cuda::gemv_supports(type) || in_features < 0 || out_features < 0) return 0;
+    return static_cast<std::size_t>(row_bytes(type, static_cast<std::uint64_t>(in_features)).value_or(0)) *
+           static_cast<std::size_t>(out_features);
+  }
+  /// Whether the matmul runs this weight: bf16 or a GGUF type gguf_gemv takes, with its bytes.
+  [[nodiscard]] bool consistent() const noexcept {
+    return (type == DType::bf16 || kernels::cuda::gemv_supports(type)) && data != nullptr && bytes() > 0;
+  }
+  /// Its sizes and its place in the weight arena, for an engine file (io/engine_file.hpp's arena visitors).
+  template <class Self, class V>
+  static void visit_arena(Self& self, const V& v) {
+    v.scalar("type", self.type);
+    v.scalar("out", self.out_features);
+    v.scalar("in", self.in_features);
+    v.pointer("data", self.data, self.bytes());
+  }
   /// bf16 scratch values a matmul with more than kGemvMaxRows rows needs (0 for bf16 weights).
   [[nodiscard]] std::size_t scratch_elems() const noexcept {
     return type == DType::bf16 ? 0 : static_cast<std::size_t>(out_features * in_features);

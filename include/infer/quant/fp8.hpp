@@ -74,6 +74,19 @@ struct Fp8Linear<cuda> {
 
   [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
   [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
+  /// Whether its arrays are there (an engine file's offsets were placed).
+  [[nodiscard]] bool consistent() const noexcept {
+    return q != nullptr && scale != nullptr && out_features > 0 && in_features > 0;
+  }
+  /// Its sizes and its place in the weight arena, for an engine file (io/engine_file.hpp's arena visitors).
+  template <class Self, class V>
+  static void visit_arena(Self& self, const V& v) {
+    v.scalar("out", self.out_features);
+    v.scalar("in", self.in_features);
+    const auto out = static_cast<std::size_t>(std::max<std::int64_t>(self.out_features, 0));
+    v.pointer("q", self.q, out * static_cast<std::size_t>(std::max<std::int64_t>(self.in_features, 0)));
+    v.pointer("scale", self.scale, out * sizeof(float));
+  }
   /// Where a matmul of `rows` rows puts its activation's scales: after the codes, 16-byte aligned.
   [[nodiscard]] std::size_t scales_offset(std::int64_t rows) const noexcept {
     return (static_cast<std::size_t>(rows * in_features) + 15) / 16 * 16;

@@ -219,6 +219,11 @@ TEST_CASE("an engine file built for something else is refused before its weights
     const auto gpu = rewrite([](EngineFileInfo& i) { i.backend = "cuda"; i.architecture = "sm_90"; });
     CHECK_THAT(message_of<UnsupportedError>([&] { (void)make_engine(ModelSpec{.model = gpu, .backend = "cpu"}, LlmOptions{}); }),
                Catch::Contains("built for backend cuda") && Catch::Contains("asks for backend cpu"));
+    // Where this machine has no sm_90 GPU (CI: no CUDA at all), a cuda file is refused naming both.
+    if (engine_file_architecture("cuda") != "sm_90")
+      CHECK_THAT(message_of<UnsupportedError>([&] { (void)make_engine(ModelSpec{.model = gpu, .backend = "auto"}, LlmOptions{}); }),
+                 Catch::Contains("built for architecture sm_90") &&
+                     Catch::Contains("cuda backend is " + engine_file_architecture("cuda")));
     const auto arch = rewrite([](EngineFileInfo& i) { i.architecture = "s390x"; });
     CHECK_THAT(message_of<UnsupportedError>([&] { (void)make_engine(ModelSpec{.model = arch}, LlmOptions{}); }),
                Catch::Contains("built for architecture s390x"));
