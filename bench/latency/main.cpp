@@ -5,6 +5,8 @@
 // captured → first token). Prints a table; --output-json writes the record.
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
+#include <string>
 
 #include "bench/support/bench_engine.hpp"
 #include "infer/engine/presets.hpp"
@@ -53,8 +55,12 @@ Iteration run_batch(E& engine, const LatencyFlags& f, std::mt19937_64& rng) {
       if constexpr (requires { engine.model().last_step_device_ms(); })
         it.device_s.push_back(engine.model().last_step_device_ms() * 1e-3);
     }
-    for (const auto& o : outs)
+    for (const auto& o : outs) {
+      // A failed request would make the batch look fast: the run is void (2026-12-05: FP8 GEMMs refused
+      // by cuBLASLt showed as a 0 ms TTFT).
+      if (!o.error.empty()) throw std::runtime_error("request " + std::to_string(o.id) + " failed: " + o.error);
       if (o.outputs.at(0).token_ids.size() == 1 && o.outputs[0].delta_token_ids.size() == 1) started++;
+    }
     if (started == f.batch_size && it.ttft_s == 0) it.ttft_s = seconds_since(t0);
   }
   it.total_s = seconds_since(t0);

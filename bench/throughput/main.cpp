@@ -7,6 +7,7 @@
 // so the table shows how much of the run the device was busy and the host's time per step around it.
 // Prints a table; --output-json writes the record.
 #include <cstdio>
+#include <stdexcept>
 #include <exception>
 #include <fstream>
 
@@ -116,8 +117,11 @@ int run(const bench::ModelFlags& mf, ThroughputFlags f) {
     const auto s0 = std::chrono::steady_clock::now();
     const std::int64_t computed = engine.stats().computed_tokens;
     const auto seqs = static_cast<std::int64_t>(engine.num_running() + engine.num_waiting());
-    for (auto& o : engine.step())
+    for (auto& o : engine.step()) {
+      // A failed request finishes early and would flatter the figures: the run is void.
+      if (!o.error.empty()) throw std::runtime_error("request " + std::to_string(o.id) + " failed: " + o.error);
       if (o.finished) outs.push_back(std::move(o));
+    }
     const double wall = seconds_since(s0);
     double device = 0;
     if constexpr (kTimed) device = engine.model().last_step_device_ms() * 1e-3;

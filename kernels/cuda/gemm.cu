@@ -1,6 +1,7 @@
 // bf16 GEMM through cuBLASLt (y = x·Wᵀ, W row-major [N][K]) and the dequantize-then-GEMM path for GGUF
 // weights at large M. The row-major ↔ column-major mapping is documented in kernels/cuda/gemm.hpp.
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +20,28 @@
 
 namespace infer::kernels::cuda {
 namespace {
+
+/// y[m][n] = bf16(y[m][n] · sx[m] · sw[n]) in place; two values per thread where `pairs` (N even, y 4-byte aligned).
+__global__ void scale_outer_bf16(std::uint16_t* y, const float* sx, const float* sw, std::int64_t M, std::int64_t N,
+                                 bool pairs) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const auto scaled = [&](std::uint16_t v, std::int64_t m, std::int64_t n) {
+    const float f = __uint_as_float(static_cast<std::uint32_t>(v) << 16) * sx[m] * sw[n];
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  };
+  if (pairs) {
+    auto* y2 = reinterpret_cast<std::uint32_t*>(y);
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < M * N / 2; i += stride) {
+      const std::int64_t m = 2 * i / N, n = 2 * i % N;
+      const std::uint32_t v = y2[i];
+      y2[i] = scaled(static_cast<std::uint16_t>(v & 0xffffu), m, n) |
+              (static_cast<std::uint32_t>(scaled(static_cast<std::uint16_t>(v >> 16), m, n + 1)) << 16);
+    }
+    return;
+  }
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < M * N; i += stride)
+    y[i] = scaled(y[i], i / N, i % N);
+}
 
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
@@ -154,15 +177,9 @@ struct Gemm::Impl {
     check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t), "set TRANSA");
     check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n), "set TRANSB");
     const cudaDataType_t in_type = key.in == InType::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
-    if (key.in == InType::e4m3) {
-      // cuBLASLt's A is W (m = N: one scale per weight row), its B is x (n = M: one scale per token); the
-      // pointers are set per call (run_e4m3).
-      const std::int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof outer),
-               "set A_SCALE_MODE");
-      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer),
-               "set B_SCALE_MODE");
-    }
+    // e4m3 operands carry no scales here: cuBLASLt on sm_90 refuses per-row (outer-vector) and 1×128 block
+    // scales (CUBLAS_STATUS_INVALID_VALUE from the heuristic, cuBLASLt 13.1 on an H100:
+    // bench/probe/fp8_lt_probe.cu), so run_e4m3 applies them after the GEMM.
     // Column-major views (see the header): W is K×N (ld K), x is K×M (ld K), y is N×M (ld N).
     check_lt(cublasLtMatrixLayoutCreate(&p.a, in_type, static_cast<std::uint64_t>(key.k),
                                         static_cast<std::uint64_t>(key.n), key.k),
@@ -306,16 +323,18 @@ struct Gemm::Impl {
     if (alignment_of(x) < 16 || alignment_of(w) < 16)
       throw InvalidArgument("cuda::Gemm::run_e4m3: the e4m3 codes must be 16-byte aligned");
     const Key key{M, N, K, OutType::bf16, alignment_of(x), alignment_of(w), alignment_of(y), InType::e4m3};
-    // The plan is shared by every call of this shape; the scale pointers are this call's.
-    Plan& p = plan(key, Operands{x, w, y, 0.0f, static_cast<cudaStream_t>(stream)});
-    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw),
-             "set A_SCALE_POINTER");
-    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx),
-             "set B_SCALE_POINTER");
+    auto* s = static_cast<cudaStream_t>(stream);
+    const Plan& p = plan(key, Operands{x, w, y, 0.0f, s});
     const float alpha = 1.0f, beta = 0.0f;
     check_lt(cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
-                            workspace_bytes, static_cast<cudaStream_t>(stream)),
+                            workspace_bytes, s),
              "cublasLtMatmul (e4m3)");
+    // The sums of code products, rounded to bf16, then scaled in place: y[m][n] · s_x[m] · s_w[n].
+    const bool pairs = N % 2 == 0 && alignment_of(y) >= 4;
+    const std::int64_t items = pairs ? M * N / 2 : M * N;
+    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((items + 255) / 256, 65535 * 4));
+    scale_outer_bf16<<<blocks, 256, 0, s>>>(y, sx, sw, M, N, pairs);
+    check_cuda(cudaGetLastError(), "scale_outer_bf16 launch");
   }
 };
 

@@ -74,7 +74,7 @@ TEST_CASE("engine files on the GPU give the tokens of the model they were built 
         }
         LlmOptions run;  // the run-time settings only: the file says which engine and quantizer
         run.engine_options = o.engine_options;
-        auto built = make_engine(ModelSpec{.model = path}, run);
+        auto built = make_engine(ModelSpec{.model = path, .backend = "auto"}, run);
         CHECK(built->info().kind == engine);
         CHECK(greedy(*built, prompts, 24) == want);
         const KvStats kv = built->kv_stats();

@@ -175,7 +175,9 @@ TEST_CASE("cuda::fp8_gemv matches Fp8::matmul on the same codes for M = 1..8", "
 }
 
 TEST_CASE("cuda::Gemm::run_e4m3 (cuBLASLt FP8, per-row scales) matches Fp8::matmul", "[cuda][fp8]") {
-  // The prefill / large-batch path of Fp8 on the GPU. Bound per element as fp8_gemv's (file comment), plus
+  // The prefill / large-batch path of Fp8 on the GPU. Bound per element as fp8_gemv's (file comment), with
+  // two changes. The output is rounded to bf16 twice (the unscaled sums cuBLASLt writes, then the scaled
+  // values: run_e4m3's comment), so 2^-7·|ref| instead of 2^-8 (≤ 2^-9 each, doubled for slack). And
   // 2^-13·A: Hopper's FP8 tensor cores accumulate with ~14 significant bits (DeepSeek-V3's report, §3.3.2)
   // between cuBLASLt's promotions to f32 (fast accumulation is left off), so each promoted partial sum
   // carries up to ~2^-14 of its terms' absolute sum; doubled for slack.
@@ -222,7 +224,7 @@ TEST_CASE("cuda::Gemm::run_e4m3 (cuBLASLt FP8, per-row scales) matches Fp8::matm
                          table[w.q[static_cast<std::size_t>(n * s.K + k)]]);
         a *= static_cast<double>(xs[static_cast<std::size_t>(m)]) * w.scale[static_cast<std::size_t>(n)];
         const std::size_t i = static_cast<std::size_t>(m * s.N + n);
-        const double bound = std::ldexp(std::fabs(static_cast<double>(want[i])), -8) +
+        const double bound = std::ldexp(std::fabs(static_cast<double>(want[i])), -7) +
                              (std::ldexp(1.0, -13) + 4.0 * static_cast<double>(s.K) * std::ldexp(1.0, -24)) * a + 1e-30;
         const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
         if (err <= bound) worst = std::max(worst, err / bound);

@@ -86,10 +86,11 @@ class Gemm {
            float beta, void* stream);
 
   /// FP8: y[M][N] (bf16) = s_x[m] · s_w[n] · Σ_k e4m3(x_q[m][k]) · e4m3(w_q[n][k]), accumulated in f32, with
-  /// one f32 scale per row of x (s_x, M values) and per row of w (s_w, N values): cuBLASLt's FP8 GEMM with
-  /// outer-vector scaling (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, CUDA 12.9+ on Hopper), the codes and
-  /// scales as quantize_rows_e4m3 (kernels/cuda/fp8.hpp) writes them. K a multiple of 16, the code arrays
-  /// 16-byte aligned (InvalidArgument otherwise); always cuBLASLt's heuristic pick (not timed).
+  /// one f32 scale per row of x (s_x, M values) and per row of w (s_w, N values), the codes and scales as
+  /// quantize_rows_e4m3 (kernels/cuda/fp8.hpp) writes them. cuBLASLt's FP8 GEMM writes the unscaled sums as
+  /// bf16 into y, then one pass scales y in place: cuBLASLt on sm_90 takes no per-row scales (outer-vector
+  /// scaling is refused there), so y is rounded to bf16 twice (≤ 2^-9 relative each). K a multiple of 16,
+  /// the code arrays 16-byte aligned (InvalidArgument otherwise); always cuBLASLt's heuristic pick (not timed).
   void run_e4m3(const std::uint8_t* x_q, const float* x_scale, const std::uint8_t* w_q, const float* w_scale,
                 std::uint16_t* y, std::int64_t M, std::int64_t N, std::int64_t K, void* stream);
 
