@@ -1,7 +1,7 @@
 // infer-build: a model built ahead into an engine file (TensorRT-LLM's trtllm-build), loaded later by every
 // program's --engine-file with no decoding or quantization.
 //
-//   infer-build --model MODEL --output F [--engine paged|static] [--block-size N] [--quantizer Q]
+//   infer-build --model MODEL --output F [--backend cpu|cuda] [--engine paged|static] [--block-size N] [--quantizer Q]
 //               [--max-batch B --max-input I --max-output O] [--max-model-len L] [--gpu-memory-utilization U]
 //   infer-build --dummy llama3-8b --tokenizer MODEL --output F ...    a shape with seeded random weights
 //
@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"paged", "static"}))
       ->capture_default_str();
   app.add_option("--block-size", opt.block_size, "paged engine: tokens per KV block (8, 16, 32)")->capture_default_str();
-  app.add_option("--quantizer", opt.quantizer, "cpu: auto (f32), int8 (W8A16 per channel), fp8 (W8A8 e4m3) or int4 (W4A16, groups of 128)")
+  app.add_option("--quantizer", opt.quantizer, "cpu: auto (f32), int8 (W8A16 per channel), fp8 (W8A8 e4m3) or int4 (W4A16, groups of 128); "
+                 "cuda: auto (GGUF blocks kept), bf16 or fp8")
       ->check(CLI::IsMember({"auto", "bf16", "int8", "fp8", "int4"}))
       ->capture_default_str();
   infer::programs::add_shape_flags(app, opt.engine_options.static_shape);

@@ -116,6 +116,10 @@ class LlamaCudaWeights {
   static constexpr bool kStacks = requires(std::span<const WeightTensor> parts, CudaWeightStore& s) {
     { Q::template load_stacked<cuda>(parts, s) } -> std::same_as<linear>;
   };
+  /// A Quantizer that stacks by role (each part's companions, such as an FP8 checkpoint's weight_scale).
+  static constexpr bool kStacksByRole = requires(std::span<const LinearRequest> parts, CudaWeightStore& s) {
+    { Q::template load_stacked<cuda>(parts, s) } -> std::same_as<linear>;
+  };
 
   static void check_shape(const ModelSource& src, const WeightTensor& t, std::int64_t out, std::int64_t in) {
     const bool ok = in == 0 ? (t.shape.size() == 1 && t.shape[0] == static_cast<std::uint64_t>(out))
@@ -132,12 +136,14 @@ class LlamaCudaWeights {
     return r + "]";
   }
 
-  /// A stacked projection: one weight when Q stacks tensors (each checked to be [out, in] first), else
-  /// each part through load_linear (by role where Q loads by role).
+  /// A stacked projection: one weight when Q stacks, by role or by tensor (each checked to be [out, in]
+  /// first), else each part through load_linear (by role where Q loads by role).
   Projection load_projection(std::span<const LinearRequest> parts, CudaWeightStore& store) {
     Projection p;
     for (const auto& r : parts) p.out += r.out;
-    if constexpr (kStacks) {
+    if constexpr (kStacksByRole) {
+      p.parts.push_back(Q::template load_stacked<cuda>(parts, store));
+    } else if constexpr (kStacks) {
       std::vector<WeightTensor> tensors;
       for (const auto& r : parts) tensors.push_back(r.checked_weight());
       p.parts.push_back(Q::template load_stacked<cuda>(std::span<const WeightTensor>(tensors), store));

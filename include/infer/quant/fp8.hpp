@@ -179,30 +179,55 @@ struct Fp8 {
   /// for an input width that is not a multiple of 16 (the FP8 kernels' unit).
   template <class B>
   static linear<B> load(const LinearRequest& r, CudaWeightStore& store) {
+    return load_stacked<B>(std::span<const LinearRequest>(&r, 1), store);
+  }
+
+  /// Several weights of one input stacked into one (q, k, v → qkv; gate, up → gate_up), each loaded as
+  /// load() loads it: rows and their scales are independent, so stacking is placing them one after another.
+  /// One matmul then quantizes the shared input once and reads every weight in one GEMV or GEMM.
+  /// InvalidArgument for weights of different input widths.
+  template <class B>
+  static linear<B> load_stacked(std::span<const LinearRequest> parts, CudaWeightStore& store) {
     static_assert(std::is_same_v<B, cuda>);
-    const WeightTensor t = r.checked_weight();
-    require<InvalidArgument>(r.in % 16 == 0, "Fp8 on cuda: '", r.role, "' has ", r.in,
-                             " inputs; the FP8 kernels need a multiple of 16");
+    require<InvalidArgument>(!parts.empty(), "Fp8 on cuda: no weights to stack");
     linear<B> l;
-    l.out_features = r.out;
-    l.in_features = r.in;
-    const auto n = static_cast<std::size_t>(r.out * r.in);
-    auto* q = static_cast<std::uint8_t*>(store.allocate(n));
-    auto* scale = static_cast<float*>(store.allocate(static_cast<std::size_t>(r.out) * sizeof(float)));
+    l.in_features = parts[0].in;
+    for (const LinearRequest& r : parts) {
+      require<InvalidArgument>(r.in % 16 == 0, "Fp8 on cuda: '", r.role, "' has ", r.in,
+                               " inputs; the FP8 kernels need a multiple of 16");
+      require<InvalidArgument>(r.in == l.in_features, "Fp8 on cuda: '", r.role, "' has ", r.in, " inputs, '",
+                               parts[0].role, "' ", l.in_features, "; stacked weights share their input");
+      l.out_features += r.out;
+    }
+    auto* q = static_cast<std::uint8_t*>(store.allocate(static_cast<std::size_t>(l.out_features * l.in_features)));
+    auto* scale = static_cast<float*>(store.allocate(static_cast<std::size_t>(l.out_features) * sizeof(float)));
     l.q = q;
     l.scale = scale;
+    for (const LinearRequest& r : parts) {
+      load_rows(r, store, q, scale);
+      if (q != nullptr) {
+        q += r.out * r.in;
+        scale += r.out;
+      }
+    }
+    return l;
+  }
+
+  /// r's rows into `q` (codes) and `scale` (one per row); both null in the measuring pass, which still
+  /// checks what can be checked without the device.
+  static void load_rows(const LinearRequest& r, CudaWeightStore& store, std::uint8_t* q, float* scale) {
+    const WeightTensor t = r.checked_weight();
     if (t.type == DType::fp8_e4m3) {
       const std::vector<float> s = checkpoint_scales(r);  // checked even while measuring
-      if (q == nullptr) return l;
+      if (q == nullptr) return;
       store.copy_bytes(q, t);
       store.copy_host(scale, s.data(), s.size() * sizeof(float));
-      return l;
+      return;
     }
-    if (q == nullptr) return l;  // the measuring pass
-    float* values = store.f32_scratch(n);
+    if (q == nullptr) return;
+    float* values = store.f32_scratch(static_cast<std::size_t>(r.out * r.in));
     store.store_f32(values, t);
     kernels::cuda::quantize_rows_e4m3(values, r.out, r.in, q, scale, store.stream_handle());
-    return l;
   }
 
   /// y[rows][w.out()] (bf16) = e4m3(x)·s_x · (e4m3(w)·s_w)ᵀ: x's rows quantized into ctx's workspace, then
