@@ -17,6 +17,9 @@
 #                                Shape {1, 512, 128}), Llama-3-8B dummy, fp8 then bf16: build, then two runs of
 #                                infer-bench-latency --engine-file (its cold start: weights on the device, graphs,
 #                                first token); files under $ENGINE_DIR (default /root/engines), removed after
+#   bench/gpu_suite.sh fp8-steady  issue 18's throughput as TensorRT-LLM measures it, fp8 then bf16 in one run:
+#                                30,000 x (128, 128) and 3,000 x (1000, 1000), all queued at once (~15 min on
+#                                the H200 at 2162603: start it detached, gpu_session.sh)
 #   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the bf16 GEMV's split across warps and without
 #                                (INFER_GEMV_MAX_SPLIT=1), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step
@@ -187,6 +190,16 @@ case "${1:-}" in
           --num-iters 3 --output-json "$out/latency-engine-file-llama3-8b-$q-run$k.json"
       done
       rm -f "$f"
+    done
+    ;;
+  fp8-steady)  # issue 18: steady-state throughput, 30,000 requests of 128/128 and 3,000 of 1000/1000
+    for q in fp8 bf16; do
+      run "$bin"/infer-bench-throughput --dummy llama3-8b --quantizer $q --num-prompts 30000 --input-len 128 \
+        --output-len 128 --max-num-seqs 1024 --max-num-batched-tokens 16384 \
+        --output-json "$out/throughput-llama3-8b-30000x128-128-$q.json"
+      run "$bin"/infer-bench-throughput --dummy llama3-8b --quantizer $q --num-prompts 3000 --input-len 1000 \
+        --output-len 1000 --max-num-seqs 1024 --max-num-batched-tokens 16384 \
+        --output-json "$out/throughput-llama3-8b-3000x1000-1000-$q.json"
     done
     ;;
   decode-ab)  # batch-1 decode with the bf16 GEMV split across warps (default) and without, alternating
