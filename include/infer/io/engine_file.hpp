@@ -209,7 +209,7 @@ struct EngineArenaSaver {
 
 struct EngineArenaLoader {
   const EngineFile& file;
-  const void* base;          ///< the arena the part "arena" was copied into (device; null for a checking pass)
+  const void* base;          ///< the arena the part "arena" was copied into (device), or any base for a checking pass
   std::uint64_t arena_bytes;
   std::string prefix;
 
@@ -238,7 +238,7 @@ struct EngineArenaLoader {
     if (offset < 0 || static_cast<std::uint64_t>(offset) > arena_bytes || bytes > arena_bytes - offset)
       throw FormatError(detail::cat("engine file '", file.path().string(), "': '", name, "' is ", offset, " for ", bytes,
                                     " bytes, outside the weight arena of ", arena_bytes, " bytes"));
-    // (integer arithmetic: a checking pass places pointers against a null base before the arena exists)
+    // (integer arithmetic: a checking pass places pointers against a base that is not the arena's)
     p = reinterpret_cast<const T*>(reinterpret_cast<std::uintptr_t>(base) + static_cast<std::uintptr_t>(offset));
   }
 };

@@ -223,8 +223,9 @@ class LlamaCudaWeights {
     const ModelConfig& c = info.config;
     const std::span<const std::byte> bytes = file.part("arena", element_type_name<std::uint8_t>());
     layers_.resize(static_cast<std::size_t>(c.num_layers));
-    // Placed and checked before any byte moves: a bad file costs no device memory.
-    visit_arena(*this, c, EngineArenaLoader{file, nullptr, bytes.size(), ""});
+    // Placed against the file's own bytes (never dereferenced) and checked before any byte moves: a bad
+    // file costs no device memory.
+    visit_arena(*this, c, EngineArenaLoader{file, bytes.data(), bytes.size(), ""});
     const std::int64_t H = c.hidden_size, I = c.intermediate_size, qs = c.q_size(), kvs = c.kv_size();
     const auto check = [&](const std::string& role, std::int64_t out, std::int64_t in, std::int64_t want_out,
                            std::int64_t want_in) {
