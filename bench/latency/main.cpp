@@ -3,6 +3,7 @@
 // fraction of the memory-bandwidth floor that reached (every decode step reads all weights once plus the
 // batch's KV cache), and the cold start of the process (start → weights on the device → CUDA graphs
 // captured → first token). Prints a table; --output-json writes the record.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
@@ -32,6 +33,8 @@ struct Iteration {
   double total_s = 0;
   std::vector<double> step_s;  ///< wall time of each decode step
   std::vector<double> device_s;  ///< device time of each decode step (CUDA backend)
+  double ttft_device_s = 0;  ///< device time of the steps up to the first tokens (CUDA backend): TTFT minus
+                             ///< this is the host's share (scheduling, launches, the copy back)
 };
 
 template <class E>
@@ -50,10 +53,14 @@ Iteration run_batch(E& engine, const LatencyFlags& f, std::mt19937_64& rng) {
     const auto s0 = std::chrono::steady_clock::now();
     const std::vector<RequestOutput> outs = engine.step();
     const double step = seconds_since(s0);
+    double device = 0;
+    if constexpr (requires { engine.model().last_step_device_ms(); })
+      device = std::max(engine.model().last_step_device_ms(), 0.0) * 1e-3;
     if (started == f.batch_size) {
       it.step_s.push_back(step);
-      if constexpr (requires { engine.model().last_step_device_ms(); })
-        it.device_s.push_back(engine.model().last_step_device_ms() * 1e-3);
+      it.device_s.push_back(device);
+    } else {
+      it.ttft_device_s += device;
     }
     for (const auto& o : outs) {
       // A failed request would make the batch look fast: the run is void (2026-12-05: FP8 GEMMs refused
@@ -100,9 +107,10 @@ int run(const bench::ModelFlags& mf, const LatencyFlags& f) {
       return 1;
     }
   }
-  std::vector<double> ttft, decode_tps, per_token, total;
+  std::vector<double> ttft, ttft_device, decode_tps, per_token, total;
   for (const auto& it : runs) {
     ttft.push_back(it.ttft_s);
+    ttft_device.push_back(it.ttft_device_s);
     const double steps = f.output_len - 1;
     per_token.push_back(steps > 0 ? it.decode_s / steps : 0);
     decode_tps.push_back(steps > 0 ? f.batch_size * steps / it.decode_s : 0);
@@ -120,6 +128,10 @@ int run(const bench::ModelFlags& mf, const LatencyFlags& f) {
               mf.model_label().c_str(), mf.backend().c_str(), mf.mode().c_str(),
               f.batch_size, f.input_len, f.output_len, f.iters);
   std::printf("  %-34s %10.2f ms  (%.0f prompt tok/s)\n", "time to first token (median)", med_ttft * 1e3, prefill_tps);
+  const double med_ttft_device = bench::percentile(ttft_device, 0.5);
+  if (med_ttft_device > 0)
+    std::printf("  %-34s %10.2f ms of the TTFT (host and launch: %.2f ms)\n", "device time to first token",
+                med_ttft_device * 1e3, (med_ttft - med_ttft_device) * 1e3);
   std::printf("  %-34s %10.3f ms\n", "decode latency per token (median)", med_tpot * 1e3);
   std::printf("  %-34s %10.1f tok/s\n", "decode throughput (median)", med_tps);
   if (floor_tps > 0)
@@ -146,6 +158,7 @@ int run(const bench::ModelFlags& mf, const LatencyFlags& f) {
                          {"kv_heads", c.num_kv_heads}, {"vocab", c.vocab_size}};
   doc["results"] = {{"ttft_ms", med_ttft * 1e3},
                     {"ttft_s_all", ttft},  // seconds, one per measured batch
+                    {"ttft_device_ms", med_ttft_device * 1e3},
                     {"prefill_tokens_per_s", prefill_tps},
                     {"decode_ms_per_token", med_tpot * 1e3},
                     {"decode_tokens_per_s", med_tps},
