@@ -20,8 +20,8 @@
 #   bench/gpu_suite.sh fp8-steady  issue 18's throughput as TensorRT-LLM measures it, fp8 then bf16 in one run:
 #                                30,000 x (128, 128) and 3,000 x (1000, 1000), all queued at once (~15 min on
 #                                the H200 at 2162603: start it detached, gpu_session.sh)
-#   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the bf16 GEMV's split across warps and without
-#                                (INFER_GEMV_MAX_SPLIT=1), alternating, two runs each
+#   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the GEMVs launched plainly, chained and chained
+#                                late (INFER_GEMV_CHAIN=0, 1, 2; gemv_split.cuh), alternating: bf16 twice, fp8 once
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step
 #                                timed alone by ncu (eager), summed per kernel and per launch order
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
@@ -202,10 +202,13 @@ case "${1:-}" in
         --output-json "$out/throughput-llama3-8b-3000x1000-1000-$q.json"
     done
     ;;
-  decode-ab)  # batch-1 decode with the bf16 GEMV split across warps (default) and without, alternating
-    for k in 1 4 1 4; do
-      INFER_GEMV_MAX_SPLIT=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 \
-        --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-split$k.json"
+  decode-ab)  # batch-1 decode with the GEMVs launched plainly, chained, chained late; alternating
+    for spec in "bf16 1" "fp8 1" "bf16 2"; do
+      set -- $spec
+      for k in 0 1 2; do
+        INFER_GEMV_CHAIN=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 --batch-size 1 \
+          --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-chain$k-r$2.json"
+      done
     done
     ;;
   profile)  # each kernel's time under ncu (alone, cold caches): the 8B prefill of 2048 tokens and a decode step

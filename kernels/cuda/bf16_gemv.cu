@@ -50,16 +50,18 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
 /// x[m]·W[N + n]. A row group (kSplit warps) owns kRows rows (kSwiGLU: gate row i and up row i).
 template <int M, class Out, bool kSwiGLU, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __restrict__ w, const uint4* __restrict__ x,
-                                                                std::int64_t N, std::int64_t chunks, Out* __restrict__ y) {
+                                                                std::int64_t N, std::int64_t chunks, Out* __restrict__ y,
+                                                                bool late) {
   static_assert(!kSwiGLU || (kRows == 2 && sizeof(Out) == 2), "SwiGLU pairs a gate row with an up row, bf16 out");
   static_assert(kWarps % kSplit == 0, "a block holds whole row groups");
+  gemv_split::begin(late);
   const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
   const std::int64_t row0 = kSwiGLU ? group : group * kRows;
   // A group past the last row still reaches the block's barrier (kSplit > 1); it reads nothing.
   const bool active = row0 < N;
   if constexpr (kSplit == 1) {
-    if (!active) return;
+    if (!active) return;  // exiting counts as letting the next kernel launch
   }
   const uint4* wr[kRows];
   if constexpr (kSwiGLU) {
@@ -72,6 +74,7 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   float acc[kRows][M];
   gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(wr, x, chunks, active, acc,
                                                      [](const uint4& a, const uint4& b) { return dot8(a, b); });
+  gemv_split::streamed(late);
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
   if constexpr (kSwiGLU) {
 #pragma unroll
@@ -98,9 +101,9 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const uint4* x, st
   const dim3 block(kWarps * 32);
   const auto grid = [&](int k) { return dim3(gemv_split::grid_for(groups, k)); };
   switch (split) {
-    case 1: bf16_gemv_kernel<M, Out, kSwiGLU, 1><<<grid(1), block, 0, s>>>(w, x, N, chunks, y); break;
-    case 2: bf16_gemv_kernel<M, Out, kSwiGLU, 2><<<grid(2), block, 0, s>>>(w, x, N, chunks, y); break;
-    default: bf16_gemv_kernel<M, Out, kSwiGLU, 4><<<grid(4), block, 0, s>>>(w, x, N, chunks, y); break;
+    case 1: gemv_split::launch(bf16_gemv_kernel<M, Out, kSwiGLU, 1>, grid(1), block, s, w, x, N, chunks, y); break;
+    case 2: gemv_split::launch(bf16_gemv_kernel<M, Out, kSwiGLU, 2>, grid(2), block, s, w, x, N, chunks, y); break;
+    default: gemv_split::launch(bf16_gemv_kernel<M, Out, kSwiGLU, 4>, grid(4), block, s, w, x, N, chunks, y); break;
   }
 }
 

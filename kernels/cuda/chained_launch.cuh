@@ -33,6 +33,20 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 #endif
 }
 
+/// The two halves of wait_for_previous_kernel(), for a kernel of several waves that chooses when the next
+/// kernel may launch: wait_only() first, launch_next() later (or never: the next kernel then launches as
+/// this one completes). Every block must call wait_only() before it touches memory the previous kernel writes.
+__device__ __forceinline__ void wait_only() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void launch_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /// Launches `kernel` on `stream` so that it may start before the stream's previous kernel has finished
 /// (the kernel must begin with wait_for_previous_kernel()). Launch errors are left in cudaGetLastError(),
 /// as a <<<>>> launch leaves them.

@@ -87,7 +87,8 @@ template <int M, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __restrict__ w, const float* __restrict__ w_scale,
                                                                const uint4* __restrict__ x, const float* __restrict__ x_scale,
                                                                std::int64_t N, std::int64_t chunks,
-                                                               std::uint16_t* __restrict__ y) {
+                                                               std::uint16_t* __restrict__ y, bool late) {
+  gemv_split::begin(late);
   const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
   const std::int64_t row0 = group * kRows;
@@ -98,6 +99,7 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __re
   float acc[kRows][M];
   gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(wr, x, chunks, active, acc,
                                                      [](const uint4& a, const uint4& b) { return dot16(a, b); });
+  gemv_split::streamed(late);
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -113,9 +115,9 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const float* sw, c
               std::int64_t N, std::int64_t chunks, std::uint16_t* y, cudaStream_t s) {
   const dim3 block(kWarps * 32);
   switch (split) {
-    case 1: fp8_gemv_kernel<M, 1><<<gemv_split::grid_for(groups, 1), block, 0, s>>>(w, sw, x, sx, N, chunks, y); break;
-    case 2: fp8_gemv_kernel<M, 2><<<gemv_split::grid_for(groups, 2), block, 0, s>>>(w, sw, x, sx, N, chunks, y); break;
-    default: fp8_gemv_kernel<M, 4><<<gemv_split::grid_for(groups, 4), block, 0, s>>>(w, sw, x, sx, N, chunks, y); break;
+    case 1: gemv_split::launch(fp8_gemv_kernel<M, 1>, gemv_split::grid_for(groups, 1), block, s, w, sw, x, sx, N, chunks, y); break;
+    case 2: gemv_split::launch(fp8_gemv_kernel<M, 2>, gemv_split::grid_for(groups, 2), block, s, w, sw, x, sx, N, chunks, y); break;
+    default: gemv_split::launch(fp8_gemv_kernel<M, 4>, gemv_split::grid_for(groups, 4), block, s, w, sw, x, sx, N, chunks, y); break;
   }
 }
 

@@ -8,8 +8,13 @@
 // read 2.6-3.0 TB/s, where gate_up's 14,336 warps read 3.96 TB/s and the LM head's 64,128 warps 4.40: too
 // few loads in flight per SM. The split depends on N and K only, never on M, so a row's summation order
 // does not depend on the batch.
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <cstdlib>
+#include <utility>
+
+#include "chained_launch.cuh"
 
 namespace infer::kernels::cuda::gemv_split {
 
@@ -28,6 +33,44 @@ inline int max_split() {
     return k == 1 || k == 2 ? k : kMaxSplit;
   }();
   return value;
+}
+
+/// How the streaming GEMVs launch (INFER_GEMV_CHAIN, read once; bench/gpu_suite.sh decode-ab measures the
+/// three in one build):
+///   plain      (0, the default): after the previous kernel has drained, as <<<>>>;
+///   chained    (1): a chained launch (chained_launch.cuh) whose blocks wait, then let the next kernel launch;
+///   chained_late (2): a chained launch whose blocks let the next kernel launch only after their weight stream.
+/// A chained GEMV's first wave is resident while the norm or attention before it finishes, which hides its
+/// launch; 2026-12-03's chained GEMV (weights loaded before the wait) was 5% slower, so plain stays the
+/// default until these are measured.
+enum class Launch { plain = 0, chained = 1, chained_late = 2 };
+inline Launch launch_mode() {
+  static const Launch value = [] {
+    const char* e = std::getenv("INFER_GEMV_CHAIN");
+    const int k = e != nullptr ? std::atoi(e) : 0;
+    return k == 1 ? Launch::chained : k == 2 ? Launch::chained_late : Launch::plain;
+  }();
+  return value;
+}
+
+/// A GEMV kernel's first statement (before it reads x). Both halves of the chained protocol are no-ops
+/// for a plain launch, so one kernel serves the three modes: `late` (chained_late) holds the next kernel's
+/// launch back until streamed().
+__device__ __forceinline__ void begin(bool late) {
+  chained::wait_only();
+  if (!late) chained::launch_next();
+}
+/// After the weight stream.
+__device__ __forceinline__ void streamed(bool late) {
+  if (late) chained::launch_next();
+}
+
+/// Launches a GEMV kernel (whose last parameter is begin()'s `late`) as launch_mode() says.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  const Launch mode = launch_mode();
+  if (mode == Launch::plain) kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)..., false);
+  else chained::launch(kernel, grid, block, 0, stream, std::forward<Args>(args)..., mode == Launch::chained_late);
 }
 
 /// Warps per row group for `groups` groups of rows `chunks` 16-byte chunks long, read `unroll` chunks per

@@ -8,13 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "infer/engine/engine_build.hpp"
 #include "infer/tokenizer/tokenizer.hpp"
 #include "infer/version.hpp"
+#include "support/engine_file_support.hpp"
 #include "support/fixtures.hpp"
 
 using namespace infer;
@@ -22,11 +22,7 @@ using Tokens = std::vector<std::int32_t>;
 
 namespace {
 
-std::filesystem::path temp_path(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / "infer_engine_file_test";
-  std::filesystem::create_directories(dir);
-  return dir / name;
-}
+std::filesystem::path temp_path(const std::string& name) { return test::engine_temp_path("infer_engine_file_test", name); }
 
 LlmOptions small_options(const std::string& engine, const std::string& quantizer) {
   LlmOptions o;
@@ -38,19 +34,8 @@ LlmOptions small_options(const std::string& engine, const std::string& quantizer
   return o;
 }
 
-/// Greedy tokens of every prompt, all submitted at once.
 std::vector<Tokens> greedy(EngineHandle& engine, const std::vector<Tokens>& prompts, std::int32_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  std::map<RequestId, std::size_t> index;
-  for (std::size_t i = 0; i < prompts.size(); ++i) index[engine.add_request(prompts[i], p)] = i;
-  std::vector<Tokens> out(prompts.size());
-  while (engine.has_unfinished())
-    for (const auto& r : engine.step())
-      if (r.finished) out[index.at(r.id)] = r.outputs.at(0).token_ids;
-  return out;
+  return test::engine_greedy(engine, prompts, max_tokens);
 }
 
 std::vector<std::byte> read_bytes(const std::filesystem::path& p) {
