@@ -20,10 +20,12 @@
 #   bench/gpu_suite.sh fp8-steady  issue 18's throughput as TensorRT-LLM measures it, fp8 then bf16 in one run:
 #                                30,000 x (128, 128) and 3,000 x (1000, 1000), all queued at once (~15 min on
 #                                the H200 at 2162603: start it detached, gpu_session.sh)
-#   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the GEMVs launched plainly, chained and chained
-#                                late (INFER_GEMV_CHAIN=0, 1, 2; gemv_split.cuh), alternating: bf16 twice, fp8 once
-#   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step
-#                                timed alone by ncu (eager), summed per kernel and per launch order
+#   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the GEMVs launched plainly and chained (the
+#                                default; INFER_GEMV_CHAIN=0, 1; gemv_split.cuh), alternating: bf16 twice, fp8 twice
+#   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores (the default)
+#                                and on the CUDA cores (INFER_FP8_GEMV=cuda_cores), alternating, two runs each
+#   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step,
+#                                bf16 and FP8, timed alone by ncu (eager), summed per kernel and per launch order
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
 #                                for the fixed seeds), each run's log in $OUT/cuda-tests-seed-N.log;
 #                                PART=ops|engines|smollm2 in the environment picks one part
@@ -202,20 +204,28 @@ case "${1:-}" in
         --output-json "$out/throughput-llama3-8b-3000x1000-1000-$q.json"
     done
     ;;
-  decode-ab)  # batch-1 decode with the GEMVs launched plainly, chained, chained late; alternating
-    for spec in "bf16 1" "fp8 1" "bf16 2"; do
+  decode-ab)  # batch-1 decode with the GEMVs launched plainly and chained, alternating
+    for spec in "bf16 1" "fp8 1" "bf16 2" "fp8 2"; do
       set -- $spec
-      for k in 0 1 2; do
+      for k in 0 1; do
         INFER_GEMV_CHAIN=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 --batch-size 1 \
           --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-chain$k-r$2.json"
       done
     done
     ;;
+  fp8-ab)  # FP8 batch-1 decode, the FP8 GEMV on the tensor cores and on the CUDA cores, alternating
+    for r in 1 2; do
+      for k in tensor_cores cuda_cores; do
+        INFER_FP8_GEMV=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer fp8 --batch-size 1 \
+          --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-fp8-$k-r$r.json"
+      done
+    done
+    ;;
   profile)  # each kernel's time under ncu (alone, cold caches): the 8B prefill of 2048 tokens and a decode step
-    for spec in "2048 1 prefill-2048" "512 2 decode-b1-ctx512"; do
+    for spec in "2048 1 prefill-2048 bf16" "512 2 decode-b1-ctx512 bf16" "512 2 decode-b1-ctx512-fp8 fp8"; do
       set -- $spec
       run ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-        --log-file "$out/ncu-$3.csv" "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 \
+        --log-file "$out/ncu-$3.csv" "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $4 --batch-size 1 \
         --input-len $1 --output-len $2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
       python3 bench/ncu_summary.py "$out/ncu-$3.csv" | tee "$out/ncu-$3.txt"
     done

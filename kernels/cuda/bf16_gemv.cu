@@ -50,11 +50,10 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
 /// x[m]·W[N + n]. A row group (kSplit warps) owns kRows rows (kSwiGLU: gate row i and up row i).
 template <int M, class Out, bool kSwiGLU, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __restrict__ w, const uint4* __restrict__ x,
-                                                                std::int64_t N, std::int64_t chunks, Out* __restrict__ y,
-                                                                bool late) {
+                                                                std::int64_t N, std::int64_t chunks, Out* __restrict__ y) {
   static_assert(!kSwiGLU || (kRows == 2 && sizeof(Out) == 2), "SwiGLU pairs a gate row with an up row, bf16 out");
   static_assert(kWarps % kSplit == 0, "a block holds whole row groups");
-  gemv_split::begin(late);
+  gemv_split::begin();
   const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
   const std::int64_t row0 = kSwiGLU ? group : group * kRows;
@@ -74,7 +73,6 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   float acc[kRows][M];
   gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(wr, x, chunks, active, acc,
                                                      [](const uint4& a, const uint4& b) { return dot8(a, b); });
-  gemv_split::streamed(late);
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
   if constexpr (kSwiGLU) {
 #pragma unroll

@@ -15,7 +15,8 @@
 // Measured on the H200 (docs/benchmarks.md, "Chained decode kernels"): chaining the norms, RoPE,
 // attention, SwiGLU and the GGUF GEMV took SmolLM2-135M's batch-1 step from 0.87 to 0.80 ms of device
 // time; chaining the bf16 GEMV as well (its first weight loads issued before the wait) made Llama-3-8B's
-// step 5% slower (5.13-5.23 vs 4.91 ms), so the bf16 GEMV is launched plainly.
+// step 5% slower (5.13-5.23 vs 4.91 ms). Chained without loads before the wait, the GEMVs gained ~1%
+// (gemv_split.cuh, 2026-12-05), and the FP8 activation quantization is chained too.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,20 +30,6 @@ namespace infer::kernels::cuda::chained {
 __device__ __forceinline__ void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-/// The two halves of wait_for_previous_kernel(), for a kernel of several waves that chooses when the next
-/// kernel may launch: wait_only() first, launch_next() later (or never: the next kernel then launches as
-/// this one completes). Every block must call wait_only() before it touches memory the previous kernel writes.
-__device__ __forceinline__ void wait_only() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void launch_next() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }

@@ -2,11 +2,13 @@
 // (include/infer/kernels/cuda/fp8.hpp says what each computes).
 //
 // quantize_rows_e4m3: one block per row; the block's max |x| (a shuffle reduction, then shared memory),
-// s = max / 448, then every value divided by s (IEEE f32 division, __fdiv_rn) and converted by
-// cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2): the arithmetic of the CPU's Fp8::quantize_row, so
-// the codes and scales are bit for bit the CPU's for the same f32 inputs.
+// s = max / 448, then every value divided by s (IEEE f32 division, __fdiv_rn) and converted with
+// saturation to e4m3 (__nv_cvt_float_to_fp8): the arithmetic of the CPU's Fp8::quantize_row, so the codes
+// and scales are bit for bit the CPU's for the same f32 inputs. Launched chained (chained_launch.cuh): at
+// batch 1 it sits between two kernels of the decode step.
 //
-// fp8_gemv: bf16_gemv.cu's layout (gemv_split.cuh) on 16-byte chunks of 16 codes. A weight chunk and the
+// fp8_gemv, the CUDA-core kernel (INFER_FP8_GEMV=cuda_cores; the tensor-core one is below): bf16_gemv.cu's
+// layout (gemv_split.cuh) on 16-byte chunks of 16 codes. A weight chunk and the
 // matching activation chunk are decoded pairwise to f16 (e4m3 → f16 is exact: every e4m3 value, subnormals
 // included, is a normal f16) and then to f32, where each product is exact (4 significant bits each) and
 // the sum accumulates with FMA. The two scales multiply the reduced sum once.
@@ -14,13 +16,17 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
 #include "infer/core/fp8.hpp"
 #include "infer/kernels/cuda/fp8.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
+#include "chained_launch.cuh"
 #include "gemv_split.cuh"
 
 namespace infer::kernels::cuda {
@@ -33,26 +39,104 @@ __device__ __forceinline__ float load_f32(const std::uint16_t* p, std::int64_t i
 }
 __device__ __forceinline__ float load_f32(const float* p, std::int64_t i) { return p[i]; }
 
+/// max |x| over the block's threads (`amax` is each thread's own), the same value in every thread.
+template <int kThreads>
+__device__ __forceinline__ float block_amax(float amax) {
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  __shared__ float warp_max[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = warp_max[0];
+  for (int w = 1; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+  return amax;
+}
+
+/// x / s as an e4m3 code (0 for a zero row): Fp8::quantize_row's arithmetic.
+__device__ __forceinline__ std::uint8_t e4m3_code(float x, float s) {
+  return s > 0.0f ? static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(x, s), __NV_SATFINITE, __NV_E4M3))
+                  : std::uint8_t{0};
+}
+
+// Any K, any alignment: one pass for the max, one to quantize, a value at a time.
 template <class In>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const In* __restrict__ x, std::int64_t K,
                                                                       std::uint8_t* __restrict__ q,
                                                                       float* __restrict__ scale) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   const In* row = x + static_cast<std::int64_t>(blockIdx.x) * K;
   std::uint8_t* out = q + static_cast<std::int64_t>(blockIdx.x) * K;
   float amax = 0.0f;
   for (std::int64_t k = threadIdx.x; k < K; k += kQuantThreads) amax = fmaxf(amax, fabsf(load_f32(row, k)));
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  __shared__ float warp_max[kQuantThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
-  __syncthreads();
-  amax = warp_max[0];
-  for (int w = 1; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
-  const float s = __fdiv_rn(amax, kE4m3Max);
+  const float s = __fdiv_rn(block_amax<kQuantThreads>(amax), kE4m3Max);
   if (threadIdx.x == 0) scale[blockIdx.x] = s;
-  for (std::int64_t k = threadIdx.x; k < K; k += kQuantThreads)
-    out[k] = s > 0.0f ? static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(load_f32(row, k), s), __NV_SATFINITE,
-                                                                        __NV_E4M3))
-                      : std::uint8_t{0};
+  for (std::int64_t k = threadIdx.x; k < K; k += kQuantThreads) out[k] = e4m3_code(load_f32(row, k), s);
+}
+
+// K a multiple of 8, rows 16-byte aligned: 8 values per 16-byte load (two for f32), the first kVecCache
+// chunks of each thread kept in registers between the two passes (every row up to 16,384 values, Llama's
+// widest activation being 14,336), 8 codes per store. At batch 1 a row is one block, so the block is wide:
+// 2026-12-05 (ncu, H100) the scalar kernel took 5.2 us for a row of 4,096 or 14,336 bf16.
+constexpr int kVecThreads = 512;
+constexpr int kVecCache = 4;
+
+__device__ __forceinline__ void load8(const std::uint16_t* row, std::int64_t c, float (&f)[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(row + c * 8);
+  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void load8(const float* row, std::int64_t c, float (&f)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(row + c * 8), b = *reinterpret_cast<const float4*>(row + c * 8 + 4);
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+__device__ __forceinline__ void store8(std::uint8_t* out, std::int64_t c, const float (&f)[8], float s) {
+  unsigned lo = 0, hi = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    lo |= static_cast<unsigned>(e4m3_code(f[i], s)) << (8 * i);
+    hi |= static_cast<unsigned>(e4m3_code(f[4 + i], s)) << (8 * i);
+  }
+  *reinterpret_cast<uint2*>(out + c * 8) = make_uint2(lo, hi);
+}
+
+template <class In>
+__global__ void __launch_bounds__(kVecThreads) quantize_rows_vec_kernel(const In* __restrict__ x, std::int64_t K,
+                                                                        std::uint8_t* __restrict__ q,
+                                                                        float* __restrict__ scale) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  const In* row = x + static_cast<std::int64_t>(blockIdx.x) * K;
+  std::uint8_t* out = q + static_cast<std::int64_t>(blockIdx.x) * K;
+  const std::int64_t chunks = K / 8;
+  const auto tid = static_cast<std::int64_t>(threadIdx.x);
+  float cache[kVecCache][8];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kVecCache; ++i)
+    if (tid + i * kVecThreads < chunks) {
+      load8(row, tid + i * kVecThreads, cache[i]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(cache[i][e]));
+    }
+  for (std::int64_t c = tid + kVecCache * kVecThreads; c < chunks; c += kVecThreads) {
+    float f[8];
+    load8(row, c, f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(f[e]));
+  }
+  const float s = __fdiv_rn(block_amax<kVecThreads>(amax), kE4m3Max);
+  if (threadIdx.x == 0) scale[blockIdx.x] = s;
+#pragma unroll
+  for (int i = 0; i < kVecCache; ++i)
+    if (tid + i * kVecThreads < chunks) store8(out, tid + i * kVecThreads, cache[i], s);
+  for (std::int64_t c = tid + kVecCache * kVecThreads; c < chunks; c += kVecThreads) {
+    float f[8];
+    load8(row, c, f);
+    store8(out, c, f, s);
+  }
 }
 
 constexpr int kRows = 2;    // weight rows per row group
@@ -87,8 +171,8 @@ template <int M, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __restrict__ w, const float* __restrict__ w_scale,
                                                                const uint4* __restrict__ x, const float* __restrict__ x_scale,
                                                                std::int64_t N, std::int64_t chunks,
-                                                               std::uint16_t* __restrict__ y, bool late) {
-  gemv_split::begin(late);
+                                                               std::uint16_t* __restrict__ y) {
+  gemv_split::begin();
   const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
   const std::int64_t row0 = group * kRows;
@@ -99,7 +183,6 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __re
   float acc[kRows][M];
   gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(wr, x, chunks, active, acc,
                                                      [](const uint4& a, const uint4& b) { return dot16(a, b); });
-  gemv_split::streamed(late);
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -121,6 +204,104 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const float* sw, c
   }
 }
 
+// ---- fp8_gemv on the tensor cores -----------------------------------------------------------------------
+// mma.sync m16n8k32 (e4m3 x e4m3 -> f32): a warp multiplies 16 weight rows by the activation rows (M <= 8,
+// the n8 extent; columns past M are zero) 32 codes of K at a time, so decoding and multiplying cost no
+// CUDA-core instruction (the kernel above spends ~64 per 16 weight bytes on conversions and FMAs, and read
+// 1.6-2.6 TB/s on the H100, against 2.9 for the bf16 GEMV, ncu at c118e8f).
+// Lane (g, t) loads the 16 bytes kb + 16t .. +16 of weight rows g and g + 8 and of activation row g. A dot
+// product does not care in which order its k run, so those codes are the k32 fragments of two mma: A's
+// logical columns 4t..4t+3 and 16+4t..16+4t+3 are the physical kb + 16t + 0..3 and + 4..7 (words 0 and 1;
+// the second mma: words 2 and 3), and B's rows 4t.. and 16+4t.. the same physical codes of x. A k-step is 64
+// bytes of every row (4 lanes x 16); the block's kTcWarps warps take interleaved k-steps of the same 16 rows,
+// kTcUnroll in flight per lane, and their partial sums meet in shared memory in a fixed order.
+// Rounding: each product of two codes is exact, but Hopper's FP8 tensor cores add with ~14 significant bits
+// (DeepSeek-V3's report, section 3.3.2, found ~2% errors at K = 4096 when a GEMM accumulates in them
+// throughout). So each k-step's two mma start from zero, and their sum (64 products, ~2^-14 of their
+// absolute sum off at most) is added to the f32 accumulator with an ordinary f32 add: the whole sum is then
+// off by ~2^-14 of Σ|products| plus f32 rounding, below the bf16 output's 2^-9 of |y| where y is not
+// much smaller than Σ|products|.
+constexpr int kTcWarps = 8;
+constexpr int kTcUnroll = 4;
+constexpr int kTcRows = 16;
+
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                         unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__global__ void __launch_bounds__(kTcWarps * 32) fp8_gemv_tc_kernel(const uint4* __restrict__ w,
+                                                                    const float* __restrict__ w_scale,
+                                                                    const uint4* __restrict__ x,
+                                                                    const float* __restrict__ x_scale, int M,
+                                                                    std::int64_t N, std::int64_t chunks,
+                                                                    std::uint16_t* __restrict__ y) {
+  gemv_split::begin();
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kTcRows;
+  // Rows past N re-read row N - 1 (their sums are not written); x rows past M are never read.
+  const uint4* wa = w + min(row0 + g, N - 1) * chunks;
+  const uint4* wb = w + min(row0 + g + 8, N - 1) * chunks;
+  const bool has_x = g < M;
+  const uint4* xr = x + (has_x ? g : 0) * chunks;
+  const std::int64_t steps = (chunks + 3) / 4;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (std::int64_t s0 = warp; s0 < steps; s0 += kTcWarps * kTcUnroll) {
+    uint4 va[kTcUnroll], vb[kTcUnroll], vx[kTcUnroll];
+#pragma unroll
+    for (int u = 0; u < kTcUnroll; ++u) {
+      const std::int64_t ch = (s0 + u * kTcWarps) * 4 + t;
+      const bool ok = ch < chunks;  // also past the last k-step: (steps - 1) * 4 + 3 >= chunks - 1
+      va[u] = ok ? __ldcs(wa + ch) : zero;
+      vb[u] = ok ? __ldcs(wb + ch) : zero;
+      vx[u] = ok && has_x ? __ldg(xr + ch) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < kTcUnroll; ++u) {
+      // Each k-step's 64 products are summed from zero and then added to c in f32 (see the rounding note).
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_e4m3(part, va[u].x, vb[u].x, va[u].y, vb[u].y, vx[u].x, vx[u].y);
+      mma_e4m3(part, va[u].z, vb[u].z, va[u].w, vb[u].w, vx[u].z, vx[u].w);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[j] += part[j];
+    }
+  }
+  // c: rows g (c0, c1) and g + 8 (c2, c3), activation rows 2t and 2t + 1.
+  __shared__ float part[kTcWarps][kTcRows][8];
+  part[warp][g][2 * t] = c[0];
+  part[warp][g][2 * t + 1] = c[1];
+  part[warp][g + 8][2 * t] = c[2];
+  part[warp][g + 8][2 * t + 1] = c[3];
+  __syncthreads();
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= kTcRows * M) return;
+  const int r = i / M, m = i % M;
+  const std::int64_t row = row0 + r;
+  if (row >= N) return;
+  float sum = part[0][r][m];
+#pragma unroll
+  for (int k = 1; k < kTcWarps; ++k) sum += part[k][r][m];
+  y[m * N + row] = gemv_split::to_bf16(sum * (w_scale[row] * x_scale[m]));
+}
+
+std::atomic<int> g_gemv_path{static_cast<int>(Fp8GemvPath::automatic)};
+
+Fp8GemvPath resolve_gemv_path() {
+  const auto p = static_cast<Fp8GemvPath>(g_gemv_path.load(std::memory_order_relaxed));
+  if (p != Fp8GemvPath::automatic) return p;
+  static const Fp8GemvPath env = [] {
+    const char* v = std::getenv("INFER_FP8_GEMV");
+    return v != nullptr && std::strcmp(v, "cuda_cores") == 0 ? Fp8GemvPath::cuda_cores : Fp8GemvPath::tensor_cores;
+  }();
+  return env;
+}
+
 template <class In>
 void quantize(const In* x, std::int64_t rows, std::int64_t K, std::uint8_t* q, float* scale, void* stream) {
   using detail::cat;
@@ -128,8 +309,11 @@ void quantize(const In* x, std::int64_t rows, std::int64_t K, std::uint8_t* q, f
     throw InvalidArgument(cat("cuda::quantize_rows_e4m3: rows = ", rows, ", K = ", K, "; needs 0 <= rows < 2^31, K >= 1"));
   if (rows == 0) return;
   if (x == nullptr || q == nullptr || scale == nullptr) throw InvalidArgument("cuda::quantize_rows_e4m3: null pointer");
-  quantize_rows_kernel<In><<<static_cast<unsigned>(rows), kQuantThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, K, q,
-                                                                                                              scale);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto grid = static_cast<unsigned>(rows);
+  const bool vec = K % 8 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0 && reinterpret_cast<std::uintptr_t>(q) % 8 == 0;
+  if (vec) chained::launch(quantize_rows_vec_kernel<In>, grid, kVecThreads, 0, s, x, K, q, scale);
+  else chained::launch(quantize_rows_kernel<In>, grid, kQuantThreads, 0, s, x, K, q, scale);
   backend::cuda::check(cudaGetLastError(), "cuda::quantize_rows_e4m3: kernel launch");
 }
 
@@ -157,10 +341,17 @@ void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t*
     throw InvalidArgument("cuda::fp8_gemv: null scale or output");
   if (N == 0) return;
   const std::int64_t groups = (N + kRows - 1) / kRows, chunks = K / 16;
-  const int split = gemv_split::split_for(groups, chunks, kUnroll);
   const auto* w4 = reinterpret_cast<const uint4*>(w_q);
   const auto* x4 = reinterpret_cast<const uint4*>(x_q);
   const auto s = static_cast<cudaStream_t>(stream);
+  if (resolve_gemv_path() == Fp8GemvPath::tensor_cores) {
+    if ((N + kTcRows - 1) / kTcRows > 0x7fffffffLL) throw InvalidArgument(cat("cuda::fp8_gemv: N = ", N, " exceeds one grid"));
+    gemv_split::launch(fp8_gemv_tc_kernel, dim3(static_cast<unsigned>((N + kTcRows - 1) / kTcRows)), dim3(kTcWarps * 32), s,
+                       w4, w_scale, x4, x_scale, M, N, chunks, y_bf16);
+    backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv: kernel launch");
+    return;
+  }
+  const int split = gemv_split::split_for(groups, chunks, kUnroll);
   switch (M) {
     case 1: launch_m<1>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
     case 2: launch_m<2>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
@@ -172,6 +363,10 @@ void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t*
     default: launch_m<8>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
   }
   backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv: kernel launch");
+}
+
+Fp8GemvPath set_fp8_gemv_path(Fp8GemvPath path) {
+  return static_cast<Fp8GemvPath>(g_gemv_path.exchange(static_cast<int>(path), std::memory_order_relaxed));
 }
 
 }  // namespace infer::kernels::cuda

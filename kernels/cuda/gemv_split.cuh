@@ -35,42 +35,31 @@ inline int max_split() {
   return value;
 }
 
-/// How the streaming GEMVs launch (INFER_GEMV_CHAIN, read once; bench/gpu_suite.sh decode-ab measures the
-/// three in one build):
-///   plain      (0, the default): after the previous kernel has drained, as <<<>>>;
-///   chained    (1): a chained launch (chained_launch.cuh) whose blocks wait, then let the next kernel launch;
-///   chained_late (2): a chained launch whose blocks let the next kernel launch only after their weight stream.
-/// A chained GEMV's first wave is resident while the norm or attention before it finishes, which hides its
-/// launch; 2026-12-03's chained GEMV (weights loaded before the wait) was 5% slower, so plain stays the
-/// default until these are measured.
-enum class Launch { plain = 0, chained = 1, chained_late = 2 };
-inline Launch launch_mode() {
-  static const Launch value = [] {
+/// How the streaming GEMVs launch: chained (chained_launch.cuh), so that a GEMV's first wave is resident and
+/// waiting while the norm, attention or quantization before it finishes, which hides its launch; or plain
+/// (<<<>>>, after the previous kernel has drained) when INFER_GEMV_CHAIN=0 (read once), which exists to
+/// measure the one against the other in one build (bench/gpu_suite.sh decode-ab).
+/// Measured (H100, c118e8f, Llama-3-8B batch 1, two runs each): chained 182.9 tok/s against plain 181.0 in
+/// bf16, 251.4 against 249.5 in FP8; holding the next kernel's launch back until the weight stream ends was
+/// between the two (182.5, 251.1). 2026-12-03's chained GEMV, which loaded weights before its wait, was 5%
+/// slower than plain.
+inline bool chained_launch() {
+  static const bool value = [] {
     const char* e = std::getenv("INFER_GEMV_CHAIN");
-    const int k = e != nullptr ? std::atoi(e) : 0;
-    return k == 1 ? Launch::chained : k == 2 ? Launch::chained_late : Launch::plain;
+    return e == nullptr || std::atoi(e) != 0;
   }();
   return value;
 }
 
-/// A GEMV kernel's first statement (before it reads x). Both halves of the chained protocol are no-ops
-/// for a plain launch, so one kernel serves the three modes: `late` (chained_late) holds the next kernel's
-/// launch back until streamed().
-__device__ __forceinline__ void begin(bool late) {
-  chained::wait_only();
-  if (!late) chained::launch_next();
-}
-/// After the weight stream.
-__device__ __forceinline__ void streamed(bool late) {
-  if (late) chained::launch_next();
-}
+/// A GEMV kernel's first statement (before it reads x): waits for the previous kernel, then lets the next
+/// one launch. Both are no-ops when the kernel was launched plainly.
+__device__ __forceinline__ void begin() { chained::wait_for_previous_kernel(); }
 
-/// Launches a GEMV kernel (whose last parameter is begin()'s `late`) as launch_mode() says.
+/// Launches a GEMV kernel chained or plainly, as chained_launch() says.
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
-  const Launch mode = launch_mode();
-  if (mode == Launch::plain) kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)..., false);
-  else chained::launch(kernel, grid, block, 0, stream, std::forward<Args>(args)..., mode == Launch::chained_late);
+  if (chained_launch()) chained::launch(kernel, grid, block, 0, stream, std::forward<Args>(args)...);
+  else kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
 }
 
 /// Warps per row group for `groups` groups of rows `chunks` 16-byte chunks long, read `unroll` chunks per
