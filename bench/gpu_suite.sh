@@ -22,8 +22,8 @@
 #                                the H200 at 2162603: start it detached, gpu_session.sh)
 #   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the GEMVs launched plainly and chained (the
 #                                default; INFER_GEMV_CHAIN=0, 1; gemv_split.cuh), alternating: bf16 twice, fp8 twice
-#   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores (the default)
-#                                and on the CUDA cores (INFER_FP8_GEMV=cuda_cores), alternating, two runs each
+#   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores
+#                                (INFER_FP8_GEMV=tensor_cores) and on the CUDA cores (the default), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step,
 #                                bf16 and FP8, timed alone by ncu (eager), summed per kernel and per launch order
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"

@@ -7,8 +7,8 @@
 // and scales are bit for bit the CPU's for the same f32 inputs. Launched chained (chained_launch.cuh): at
 // batch 1 it sits between two kernels of the decode step.
 //
-// fp8_gemv, the CUDA-core kernel (INFER_FP8_GEMV=cuda_cores; the tensor-core one is below): bf16_gemv.cu's
-// layout (gemv_split.cuh) on 16-byte chunks of 16 codes. A weight chunk and the
+// fp8_gemv, the CUDA-core kernel (the default; the tensor-core one below is INFER_FP8_GEMV=tensor_cores):
+// bf16_gemv.cu's layout (gemv_split.cuh) on 16-byte chunks of 16 codes. A weight chunk and the
 // matching activation chunk are decoded pairwise to f16 (e4m3 → f16 is exact: every e4m3 value, subnormals
 // included, is a normal f16) and then to f32, where each product is exact (4 significant bits each) and
 // the sum accumulates with FMA. The two scales multiply the reduced sum once.
@@ -209,6 +209,11 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const float* sw, c
 // the n8 extent; columns past M are zero) 32 codes of K at a time, so decoding and multiplying cost no
 // CUDA-core instruction (the kernel above spends ~64 per 16 weight bytes on conversions and FMAs, and read
 // 1.6-2.6 TB/s on the H100, against 2.9 for the bf16 GEMV, ncu at c118e8f).
+// Measured at cd35132 (H100, Llama-3-8B FP8 batch 1, two runs each): 258.0 and 257.7 tok/s against 265.6
+// and 265.5 for the CUDA-core kernel, so it is not the default. Not yet measured alone; the likely cost: a
+// k-step reads 64 bytes of each row, so each 128-byte line of a row is fetched in two halves by two
+// different warps, where the CUDA-core kernel's warp reads 512 contiguous bytes of one row. Next to try: two
+// 16-byte loads per lane (128 bytes of a row per k-step, four mma).
 // Lane (g, t) loads the 16 bytes kb + 16t .. +16 of weight rows g and g + 8 and of activation row g. A dot
 // product does not care in which order its k run, so those codes are the k32 fragments of two mma: A's
 // logical columns 4t..4t+3 and 16+4t..16+4t+3 are the physical kb + 16t + 0..3 and + 4..7 (words 0 and 1;
@@ -297,7 +302,7 @@ Fp8GemvPath resolve_gemv_path() {
   if (p != Fp8GemvPath::automatic) return p;
   static const Fp8GemvPath env = [] {
     const char* v = std::getenv("INFER_FP8_GEMV");
-    return v != nullptr && std::strcmp(v, "cuda_cores") == 0 ? Fp8GemvPath::cuda_cores : Fp8GemvPath::tensor_cores;
+    return v != nullptr && std::strcmp(v, "tensor_cores") == 0 ? Fp8GemvPath::tensor_cores : Fp8GemvPath::cuda_cores;
   }();
   return env;
 }
