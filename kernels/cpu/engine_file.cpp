@@ -322,6 +322,14 @@ std::span<const std::byte> EngineFile::part(std::string_view name, std::string_v
   return impl_->file->bytes().subspan(impl_->data_offset + p.offset, p.bytes);
 }
 
+void EngineFile::require_quantizer_layout(std::string_view layout) const {
+  const EngineFileInfo& i = info();
+  if (i.quantizer_layout != layout)
+    throw FormatError(detail::cat("engine file '", path().string(), "' holds weights of quantizer ", i.quantizer_layout,
+                                  "; this engine's is ", layout, " (load it with --quantizer ", i.quantizer,
+                                  ", or rebuild it)"));
+}
+
 std::int64_t EngineFile::scalar(std::string_view name) const {
   const auto it = impl_->info.scalars.find(std::string(name));
   if (it == impl_->info.scalars.end())

@@ -118,6 +118,9 @@ class EngineFile {
   [[nodiscard]] std::span<const std::byte> part(std::string_view name, std::string_view dtype) const;
   /// A scalar of the weights' layout; FormatError when absent.
   [[nodiscard]] std::int64_t scalar(std::string_view name) const;
+  /// FormatError naming the file unless its weights are in the layout of the Quantizer named `layout`
+  /// (Q::name); the message says which --quantizer loads the file instead. What every loader checks first.
+  void require_quantizer_layout(std::string_view layout) const;
 
  private:
   struct Impl;

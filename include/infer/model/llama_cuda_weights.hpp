@@ -217,9 +217,7 @@ class LlamaCudaWeights {
     using detail::cat;
     const EngineFileInfo& info = file.info();
     const std::string where = cat("engine file '", file.path().string(), "'");
-    if (info.quantizer_layout != Q::name)
-      throw FormatError(cat(where, " holds weights of quantizer ", info.quantizer_layout, "; this engine's is ", Q::name,
-                            " (load it with --quantizer ", info.quantizer, ", or rebuild it)"));
+    file.require_quantizer_layout(Q::name);
     const ModelConfig& c = info.config;
     const std::span<const std::byte> bytes = file.part("arena", element_type_name<std::uint8_t>());
     layers_.resize(static_cast<std::size_t>(c.num_layers));

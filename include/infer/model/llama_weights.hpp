@@ -194,9 +194,7 @@ LlamaWeights<Q, cpu> restore_llama_weights(const EngineFile& file) {
   using detail::cat;
   const EngineFileInfo& info = file.info();
   const std::string where = cat("engine file '", file.path().string(), "'");
-  if (info.quantizer_layout != Q::name)
-    throw FormatError(cat(where, " holds weights of quantizer ", info.quantizer_layout, "; this engine's is ", Q::name,
-                          " (load it with --quantizer ", info.quantizer, ", or rebuild it)"));
+  file.require_quantizer_layout(Q::name);
   const ModelConfig& c = info.config;
   LlamaWeights<Q, cpu> w;
   const bool tied_in_embedding = c.tie_word_embeddings && EmbeddingQuantizer<Q, cpu>;
