@@ -5,9 +5,10 @@
 # tests). On the device, `gpu_suite.sh unpack` puts them where `gpu_suite.sh build` would.
 #   bench/pack_gpu_build.sh [BUILD_DIR]     (default build; Release, CUDA for sm_90, as scripts/setup.sh makes it)
 # The binaries are portable x86-64 (no -march) and link CUDA 13's and .deps' shared libraries, which the GPU
-# machine has (source .deps/unpack.sh there). Carry .xfer/gpu-build.tgz in the call that unpacks it. The two
-# no longer fit one call's 64 MiB carry: unpack .deps in a call of its own (`source .deps/unpack.sh && cp
-# .deps/unpack.sh /opt/deps/`), then `source /opt/deps/unpack.sh` in the call that carries the tgz.
+# machine has (source .deps/unpack.sh there). Carry .xfer/gpu-build.tgz in the call that unpacks it, beside
+# .deps when the two fit one call's 64 MiB carry (20 + 37 MB on 2026-12-05; 29 + 36 the session before did
+# not): otherwise unpack .deps in a call of its own (`source .deps/unpack.sh && cp .deps/unpack.sh
+# /opt/deps/`), then `source /opt/deps/unpack.sh` in the call that carries the tgz.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"

@@ -345,7 +345,7 @@ void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t*
   if (w_scale == nullptr || x_scale == nullptr || y_bf16 == nullptr)
     throw InvalidArgument("cuda::fp8_gemv: null scale or output");
   if (N == 0) return;
-  const std::int64_t groups = (N + kRows - 1) / kRows, chunks = K / 16;
+  const std::int64_t chunks = K / 16;
   const auto* w4 = reinterpret_cast<const uint4*>(w_q);
   const auto* x4 = reinterpret_cast<const uint4*>(x_q);
   const auto s = static_cast<cudaStream_t>(stream);
@@ -356,6 +356,7 @@ void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t*
     backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv: kernel launch");
     return;
   }
+  const std::int64_t groups = (N + kRows - 1) / kRows;
   const int split = gemv_split::split_for(groups, chunks, kUnroll);
   switch (M) {
     case 1: launch_m<1>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
