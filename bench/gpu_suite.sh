@@ -22,6 +22,10 @@
 #                                the H200 at 2162603: start it detached, gpu_session.sh)
 #   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the GEMVs launched plainly and chained (the
 #                                default; INFER_GEMV_CHAIN=0, 1; gemv_split.cuh), alternating: bf16 twice, fp8 twice
+#   bench/gpu_suite.sh baseline-ab  Llama-3-8B batch-1 decode, bf16 and FP8, with this build and with an earlier
+#                                one's infer-bench-latency ($BASELINE/bin, default /root/stage/baseline: a tgz of
+#                                an earlier pack's bin/infer-bench-latency, unpacked there), alternating, two runs
+#                                each: a change that has no switch, measured against its parent on one machine
 #   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores
 #                                (INFER_FP8_GEMV=tensor_cores) and on the CUDA cores (the default), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step,
@@ -210,6 +214,20 @@ case "${1:-}" in
       for k in 0 1; do
         INFER_GEMV_CHAIN=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 --batch-size 1 \
           --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-chain$k-r$2.json"
+      done
+    done
+    ;;
+  baseline-ab)  # batch-1 decode with this build and an earlier one, alternating (the earlier one's FP8 GEMV on
+    # the CUDA cores, today's default; builds before 1a91f03 defaulted to the tensor cores)
+    base=${BASELINE:-/root/stage/baseline}
+    [ -x "$base/bin/infer-bench-latency" ] || { echo "gpu_suite.sh baseline-ab: no $base/bin/infer-bench-latency" >&2; exit 2; }
+    echo "baseline: $(cat "$base/gpu-build.manifest" 2>/dev/null | tr '\n' ' ')"
+    for spec in "bf16 1" "fp8 1" "bf16 2" "fp8 2"; do
+      set -- $spec
+      for which in base new; do
+        if [ $which = base ]; then b=$base/bin; else b=$bin; fi
+        INFER_FP8_GEMV=cuda_cores run "$b"/infer-bench-latency --dummy llama3-8b --quantizer $1 --batch-size 1 \
+          --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-$which-r$2.json"
       done
     done
     ;;

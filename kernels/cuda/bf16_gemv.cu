@@ -15,6 +15,10 @@
 // [gate; up] weight instead of two neighbours, so lane 0 ends with both dot products and writes
 // silu(gate) * up itself: the decode step's separate SwiGLU kernel, and the bf16 round trip of gate and up
 // through memory, disappear (one kernel of ~3 µs per layer at batch 1).
+//
+// RoPE variant (bf16_gemv_rope): a warp's two rows are the two rows of a rotation pair of the stacked
+// [q; k; v] weight, and lane 0 rotates them and writes q, k and v where rope_write_kv would (the KV cache
+// included): rope_epilogue.cuh.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -23,6 +27,7 @@
 #include "infer/core/error.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
 #include "gemv_split.cuh"
+#include "rope_epilogue.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -46,26 +51,39 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
   return s;
 }
 
-/// y[m][n] = x[m]·W[n] for n < N, or with kSwiGLU (W = [gate; up], 2N rows) y[m][n] = silu(x[m]·W[n]) ·
-/// x[m]·W[N + n]. A row group (kSplit warps) owns kRows rows (kSwiGLU: gate row i and up row i).
-template <int M, class Out, bool kSwiGLU, int kSplit>
+/// What a GEMV does with its sums: store them, SwiGLU them (pairs of a gate and an up row), or rotate and
+/// store them as RoPE and the KV-cache write would (pairs of a rotation pair's rows).
+enum class Epilogue { store, swiglu, rope };
+
+/// y[m][n] = x[m]·W[n] for n < N; with swiglu (W = [gate; up], 2N rows) y[m][n] = silu(x[m]·W[n]) ·
+/// x[m]·W[N + n]; with rope, y = x·Wᵀ rotated and written to the cache as `rope` says. A row group (kSplit
+/// warps) owns kRows rows (swiglu: gate row i and up row i; rope: rotation pair `group`).
+template <int M, class Out, Epilogue kEpilogue, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __restrict__ w, const uint4* __restrict__ x,
-                                                                std::int64_t N, std::int64_t chunks, Out* __restrict__ y) {
-  static_assert(!kSwiGLU || (kRows == 2 && sizeof(Out) == 2), "SwiGLU pairs a gate row with an up row, bf16 out");
+                                                                std::int64_t N, std::int64_t chunks, Out* __restrict__ y,
+                                                                const RopeKvWrite rope) {
+  constexpr bool kPaired = kEpilogue != Epilogue::store;
+  static_assert(!kPaired || (kRows == 2 && sizeof(Out) == 2), "a paired epilogue takes two rows, bf16 out");
   static_assert(kWarps % kSplit == 0, "a block holds whole row groups");
   gemv_split::begin();
   const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
-  const std::int64_t row0 = kSwiGLU ? group : group * kRows;
+  // rope: N is the number of pairs (half the rows).
+  const std::int64_t row0 = kPaired ? group : group * kRows;
   // A group past the last row still reaches the block's barrier (kSplit > 1); it reads nothing.
   const bool active = row0 < N;
   if constexpr (kSplit == 1) {
     if (!active) return;  // exiting counts as letting the next kernel launch
   }
+  rope_epilogue::Pair pair{};
   const uint4* wr[kRows];
-  if constexpr (kSwiGLU) {
+  if constexpr (kEpilogue == Epilogue::swiglu) {
     wr[0] = w + row0 * chunks;
     wr[1] = w + (N + row0) * chunks;
+  } else if constexpr (kEpilogue == Epilogue::rope) {
+    pair = rope_epilogue::pair_of(rope, active ? group : 0);
+    wr[0] = w + pair.row0 * chunks;
+    wr[1] = w + pair.row1 * chunks;
   } else {
     for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
   }
@@ -74,12 +92,16 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(wr, x, chunks, active, acc,
                                                      [](const uint4& a, const uint4& b) { return dot8(a, b); });
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
-  if constexpr (kSwiGLU) {
+  if constexpr (kEpilogue == Epilogue::swiglu) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const float g = acc[0][m], u = acc[1][m];
       y[m * N + row0] = gemv_split::to_bf16(g / (1.0f + expf(-g)) * u);  // swiglu.cu's silu, accurate expf
     }
+  } else if constexpr (kEpilogue == Epilogue::rope) {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      rope_epilogue::write(rope, pair, m, 2 * N, gemv_split::to_bf16(acc[0][m]), gemv_split::to_bf16(acc[1][m]), y);
   } else {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -93,35 +115,36 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   }
 }
 
-template <int M, class Out, bool kSwiGLU>
+template <int M, class Out, Epilogue kEpilogue>
 void launch_m(int split, std::int64_t groups, const uint4* w, const uint4* x, std::int64_t N, std::int64_t chunks, Out* y,
-              cudaStream_t s) {
+              const RopeKvWrite& rope, cudaStream_t s) {
   const dim3 block(kWarps * 32);
   const auto grid = [&](int k) { return dim3(gemv_split::grid_for(groups, k)); };
   switch (split) {
-    case 1: gemv_split::launch(bf16_gemv_kernel<M, Out, kSwiGLU, 1>, grid(1), block, s, w, x, N, chunks, y); break;
-    case 2: gemv_split::launch(bf16_gemv_kernel<M, Out, kSwiGLU, 2>, grid(2), block, s, w, x, N, chunks, y); break;
-    default: gemv_split::launch(bf16_gemv_kernel<M, Out, kSwiGLU, 4>, grid(4), block, s, w, x, N, chunks, y); break;
+    case 1: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 1>, grid(1), block, s, w, x, N, chunks, y, rope); break;
+    case 2: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 2>, grid(2), block, s, w, x, N, chunks, y, rope); break;
+    default: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 4>, grid(4), block, s, w, x, N, chunks, y, rope); break;
   }
 }
 
-template <class Out, bool kSwiGLU = false>
+/// N: output rows (store), gate rows (swiglu) or rotation pairs (rope).
+template <class Out, Epilogue kEpilogue = Epilogue::store>
 void launch(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t N, std::int64_t K, Out* y,
-            cudaStream_t s) {
-  const std::int64_t groups = kSwiGLU ? N : (N + kRows - 1) / kRows;
+            cudaStream_t s, const RopeKvWrite& rope = {}) {
+  const std::int64_t groups = kEpilogue != Epilogue::store ? N : (N + kRows - 1) / kRows;
   const std::int64_t chunks = K / 8;
   const int split = gemv_split::split_for(groups, chunks, kUnroll);
   const auto* w4 = reinterpret_cast<const uint4*>(w);
   const auto* x4 = reinterpret_cast<const uint4*>(x);
   switch (M) {
-    case 1: launch_m<1, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
-    case 2: launch_m<2, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
-    case 3: launch_m<3, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
-    case 4: launch_m<4, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
-    case 5: launch_m<5, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
-    case 6: launch_m<6, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
-    case 7: launch_m<7, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
-    default: launch_m<8, Out, kSwiGLU>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 1: launch_m<1, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
+    case 2: launch_m<2, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
+    case 3: launch_m<3, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
+    case 4: launch_m<4, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
+    case 5: launch_m<5, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
+    case 6: launch_m<6, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
+    case 7: launch_m<7, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
+    default: launch_m<8, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
   }
 }
 
@@ -158,8 +181,18 @@ void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x, in
                       std::uint16_t* y, void* stream) {
   check_args(w_gate_up, x, y, M, I, K);
   if (I == 0) return;
-  launch<std::uint16_t, true>(w_gate_up, x, M, I, K, y, static_cast<cudaStream_t>(stream));
+  launch<std::uint16_t, Epilogue::swiglu>(w_gate_up, x, M, I, K, y, static_cast<cudaStream_t>(stream));
   backend::cuda::check(cudaGetLastError(), "cuda::bf16_gemv_swiglu: kernel launch");
+}
+
+void bf16_gemv_rope(const std::uint16_t* w_qkv, const std::uint16_t* x, int M, std::int64_t K, const RopeKvWrite& rope,
+                    std::uint16_t* y, void* stream) {
+  check_rope_kv_write(rope, "cuda::bf16_gemv_rope");
+  const std::int64_t N = rope.row_length();
+  check_args(w_qkv, x, y, M, N, K);
+  if (N == 0) return;
+  launch<std::uint16_t, Epilogue::rope>(w_qkv, x, M, N / 2, K, y, static_cast<cudaStream_t>(stream), rope);
+  backend::cuda::check(cudaGetLastError(), "cuda::bf16_gemv_rope: kernel launch");
 }
 
 }  // namespace infer::kernels::cuda

@@ -28,6 +28,7 @@
 #include "infer/kernels/cuda/gemm.hpp"
 #include "chained_launch.cuh"
 #include "gemv_split.cuh"
+#include "rope_epilogue.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -167,40 +168,75 @@ __device__ __forceinline__ float dot16(const uint4& w, const uint4& x) {
   return s;
 }
 
-template <int M, int kSplit>
+/// kRope: a row group owns rotation pair `group` of the stacked [q; k; v] weight (N rows) instead of two
+/// neighbouring rows, and writes its results as RoPE and the KV-cache write would (rope_epilogue.cuh).
+template <int M, int kSplit, bool kRope>
 __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __restrict__ w, const float* __restrict__ w_scale,
                                                                const uint4* __restrict__ x, const float* __restrict__ x_scale,
                                                                std::int64_t N, std::int64_t chunks,
-                                                               std::uint16_t* __restrict__ y) {
+                                                               std::uint16_t* __restrict__ y, const RopeKvWrite rope) {
   gemv_split::begin();
   const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
   const std::int64_t row0 = group * kRows;
   const bool active = row0 < N;  // an inactive group still reaches combine's barrier
+  rope_epilogue::Pair pair{};
   const uint4* wr[kRows];
-  for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
+  if constexpr (kRope) {
+    pair = rope_epilogue::pair_of(rope, active ? group : 0);
+    wr[0] = w + pair.row0 * chunks;
+    wr[1] = w + pair.row1 * chunks;
+  } else {
+    for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
+  }
 
   float acc[kRows][M];
   gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(wr, x, chunks, active, acc,
                                                      [](const uint4& a, const uint4& b) { return dot16(a, b); });
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
+  if constexpr (kRope) {
+    const float s0 = w_scale[pair.row0], s1 = w_scale[pair.row1];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (row0 + r >= N) break;
-    const float sw = w_scale[row0 + r];
+    for (int m = 0; m < M; ++m)
+      rope_epilogue::write(rope, pair, m, N, gemv_split::to_bf16(acc[0][m] * (s0 * x_scale[m])),
+                           gemv_split::to_bf16(acc[1][m] * (s1 * x_scale[m])), y);
+  } else {
 #pragma unroll
-    for (int m = 0; m < M; ++m) y[m * N + row0 + r] = gemv_split::to_bf16(acc[r][m] * (sw * x_scale[m]));
+    for (int r = 0; r < kRows; ++r) {
+      if (row0 + r >= N) break;
+      const float sw = w_scale[row0 + r];
+#pragma unroll
+      for (int m = 0; m < M; ++m) y[m * N + row0 + r] = gemv_split::to_bf16(acc[r][m] * (sw * x_scale[m]));
+    }
   }
 }
 
-template <int M>
+template <int M, bool kRope>
 void launch_m(int split, std::int64_t groups, const uint4* w, const float* sw, const uint4* x, const float* sx,
-              std::int64_t N, std::int64_t chunks, std::uint16_t* y, cudaStream_t s) {
+              std::int64_t N, std::int64_t chunks, std::uint16_t* y, const RopeKvWrite& r, cudaStream_t s) {
   const dim3 block(kWarps * 32);
   switch (split) {
-    case 1: gemv_split::launch(fp8_gemv_kernel<M, 1>, gemv_split::grid_for(groups, 1), block, s, w, sw, x, sx, N, chunks, y); break;
-    case 2: gemv_split::launch(fp8_gemv_kernel<M, 2>, gemv_split::grid_for(groups, 2), block, s, w, sw, x, sx, N, chunks, y); break;
-    default: gemv_split::launch(fp8_gemv_kernel<M, 4>, gemv_split::grid_for(groups, 4), block, s, w, sw, x, sx, N, chunks, y); break;
+    case 1: gemv_split::launch(fp8_gemv_kernel<M, 1, kRope>, gemv_split::grid_for(groups, 1), block, s, w, sw, x, sx, N, chunks, y, r); break;
+    case 2: gemv_split::launch(fp8_gemv_kernel<M, 2, kRope>, gemv_split::grid_for(groups, 2), block, s, w, sw, x, sx, N, chunks, y, r); break;
+    default: gemv_split::launch(fp8_gemv_kernel<M, 4, kRope>, gemv_split::grid_for(groups, 4), block, s, w, sw, x, sx, N, chunks, y, r); break;
+  }
+}
+
+/// The CUDA-core kernel for M rows (N: rows of W; with kRope, N = rope.row_length()).
+template <bool kRope>
+void launch_cuda_cores(const uint4* w4, const float* w_scale, const uint4* x4, const float* x_scale, int M,
+                       std::int64_t N, std::int64_t chunks, std::uint16_t* y, const RopeKvWrite& r, cudaStream_t s) {
+  const std::int64_t groups = (N + kRows - 1) / kRows;
+  const int split = gemv_split::split_for(groups, chunks, kUnroll);
+  switch (M) {
+    case 1: launch_m<1, kRope>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
+    case 2: launch_m<2, kRope>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
+    case 3: launch_m<3, kRope>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
+    case 4: launch_m<4, kRope>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
+    case 5: launch_m<5, kRope>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
+    case 6: launch_m<6, kRope>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
+    case 7: launch_m<7, kRope>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
+    default: launch_m<8, kRope>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
   }
 }
 
@@ -334,16 +370,25 @@ void quantize_rows_e4m3(const float* x_f32, std::int64_t rows, std::int64_t K, s
   quantize(x_f32, rows, K, q, scale, stream);
 }
 
+namespace {
+
+void check_gemv_args(const char* who, const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q,
+                     const float* x_scale, int M, std::int64_t N, std::int64_t K, const std::uint16_t* y_bf16) {
+  using detail::cat;
+  if (M < 1 || M > kGemvMaxRows || N < 0 || K < 1)
+    throw InvalidArgument(cat(who, ": M = ", M, ", N = ", N, ", K = ", K, "; needs 1 <= M <= ", kGemvMaxRows,
+                              ", N >= 0, K >= 1"));
+  if (!fp8_gemv_supports(w_q, x_q, K))
+    throw InvalidArgument(cat(who, ": K = ", K, " must be a multiple of 16 and the codes 16-byte aligned"));
+  if (w_scale == nullptr || x_scale == nullptr || y_bf16 == nullptr) throw InvalidArgument(cat(who, ": null scale or output"));
+}
+
+}  // namespace
+
 void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
               std::int64_t N, std::int64_t K, std::uint16_t* y_bf16, void* stream) {
   using detail::cat;
-  if (M < 1 || M > kGemvMaxRows || N < 0 || K < 1)
-    throw InvalidArgument(cat("cuda::fp8_gemv: M = ", M, ", N = ", N, ", K = ", K, "; needs 1 <= M <= ", kGemvMaxRows,
-                              ", N >= 0, K >= 1"));
-  if (!fp8_gemv_supports(w_q, x_q, K))
-    throw InvalidArgument(cat("cuda::fp8_gemv: K = ", K, " must be a multiple of 16 and the codes 16-byte aligned"));
-  if (w_scale == nullptr || x_scale == nullptr || y_bf16 == nullptr)
-    throw InvalidArgument("cuda::fp8_gemv: null scale or output");
+  check_gemv_args("cuda::fp8_gemv", w_q, w_scale, x_q, x_scale, M, N, K, y_bf16);
   if (N == 0) return;
   const std::int64_t chunks = K / 16;
   const auto* w4 = reinterpret_cast<const uint4*>(w_q);
@@ -356,19 +401,19 @@ void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t*
     backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv: kernel launch");
     return;
   }
-  const std::int64_t groups = (N + kRows - 1) / kRows;
-  const int split = gemv_split::split_for(groups, chunks, kUnroll);
-  switch (M) {
-    case 1: launch_m<1>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
-    case 2: launch_m<2>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
-    case 3: launch_m<3>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
-    case 4: launch_m<4>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
-    case 5: launch_m<5>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
-    case 6: launch_m<6>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
-    case 7: launch_m<7>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
-    default: launch_m<8>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y_bf16, s); break;
-  }
+  launch_cuda_cores<false>(w4, w_scale, x4, x_scale, M, N, chunks, y_bf16, RopeKvWrite{}, s);
   backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv: kernel launch");
+}
+
+void fp8_gemv_rope(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
+                   std::int64_t K, const RopeKvWrite& rope, std::uint16_t* y_bf16, void* stream) {
+  check_rope_kv_write(rope, "cuda::fp8_gemv_rope");
+  const std::int64_t N = rope.row_length();
+  check_gemv_args("cuda::fp8_gemv_rope", w_q, w_scale, x_q, x_scale, M, N, K, y_bf16);
+  if (N == 0) return;
+  launch_cuda_cores<true>(reinterpret_cast<const uint4*>(w_q), w_scale, reinterpret_cast<const uint4*>(x_q), x_scale, M,
+                          N, K / 16, y_bf16, rope, static_cast<cudaStream_t>(stream));
+  backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv_rope: kernel launch");
 }
 
 Fp8GemvPath set_fp8_gemv_path(Fp8GemvPath path) {

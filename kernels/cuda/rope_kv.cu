@@ -16,6 +16,7 @@
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/ops.hpp"
 #include "chained_launch.cuh"
+#include "rope_epilogue.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -59,11 +60,7 @@ __global__ void __launch_bounds__(kThreads)
   const auto pos = static_cast<float>(__ldg(positions + t));
   // Rotates pair (x, y) by the angle of pair index i.
   const auto rotate = [&](int i, std::uint16_t& x, std::uint16_t& y) {
-    float s, c;
-    sincosf(pos * __ldg(inv_freq + i), &s, &c);
-    const float a = bf16_to_f32(x), b = bf16_to_f32(y);
-    x = f32_to_bf16(a * c - b * s);
-    y = f32_to_bf16(a * s + b * c);
+    rope_epilogue::rope_rotate(pos * __ldg(inv_freq + i), x, y);
   };
   if constexpr (!kVec) {
     const int ia = kNeox ? i0 : 2 * i0, ib = kNeox ? i0 + half : 2 * i0 + 1;
@@ -114,6 +111,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+/// The sizes and style of a RopeKvWrite (not its pointers).
+void check_rope_shape(const RopeKvWrite& r, const char* who) {
+  using detail::cat;
+  if (r.nq < 0 || r.nkv < 0) throw InvalidArgument(cat(who, ": negative head count (nq ", r.nq, ", nkv ", r.nkv, ")"));
+  if (r.hd <= 0 || r.hd % 2 != 0 || r.hd > 8192)
+    throw InvalidArgument(cat(who, ": head_dim ", r.hd, " must be even and in [2, 8192]"));
+  if (r.rope_style != 0 && r.rope_style != 1)
+    throw InvalidArgument(cat(who, ": rope_style ", r.rope_style, " is neither 0 (neox) nor 1 (interleaved)"));
+  if (r.row_length() > 0x7fffffff)
+    throw InvalidArgument(cat(who, ": a row of ", r.nq, " + 2 * ", r.nkv, " heads of ", r.hd, " values is too long"));
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 template <bool kNeox, bool kVec>
@@ -128,33 +137,32 @@ void launch(std::int64_t T, cudaStream_t s, std::uint16_t* qkv, const std::int32
 
 }  // namespace
 
+void check_rope_kv_write(const RopeKvWrite& r, const char* who) {
+  check_rope_shape(r, who);
+  const void* ptrs[] = {r.positions, r.inv_freq, r.slot};
+  const char* names[] = {"positions", "inv_freq", "slot"};
+  for (int i = 0; i < 3; ++i)
+    if (ptrs[i] == nullptr) throw InvalidArgument(detail::cat(who, ": null ", names[i], " pointer"));
+  if (r.nkv > 0 && (r.k_cache == nullptr || r.v_cache == nullptr))
+    throw InvalidArgument(detail::cat(who, ": null ", r.k_cache == nullptr ? "k_cache" : "v_cache", " pointer with ",
+                                      r.nkv, " KV heads"));
+}
+
 void rope_write_kv(std::uint16_t* qkv_bf16, const std::int32_t* positions, const float* inv_freq, std::int64_t T,
                    int nq, int nkv, int hd, int rope_style, std::uint16_t* k_cache, std::uint16_t* v_cache,
                    const std::int64_t* slot, void* stream) {
-  if (T < 0 || nq < 0 || nkv < 0)
-    throw InvalidArgument(detail::cat("cuda::rope_write_kv: negative size (T ", T, ", nq ", nq, ", nkv ", nkv, ")"));
-  if (hd <= 0 || hd % 2 != 0 || hd > 8192)
-    throw InvalidArgument(detail::cat("cuda::rope_write_kv: head_dim ", hd, " must be even and in [2, 8192]"));
-  if (rope_style != 0 && rope_style != 1)
-    throw InvalidArgument(detail::cat("cuda::rope_write_kv: rope_style ", rope_style,
-                                      " is neither 0 (neox) nor 1 (interleaved)"));
-  if (static_cast<std::int64_t>(nq + 2 * nkv) * hd > 0x7fffffff)
-    throw InvalidArgument(detail::cat("cuda::rope_write_kv: a row of ", nq, " + 2 * ", nkv, " heads of ", hd,
-                                      " values is too long"));
-  if (T > 0x7fffffff) throw InvalidArgument(detail::cat("cuda::rope_write_kv: ", T, " tokens exceed one grid"));
+  const RopeKvWrite r{positions, inv_freq, nq, nkv, hd, rope_style, k_cache, v_cache, slot};
+  constexpr const char* who = "cuda::rope_write_kv";
+  if (T < 0) throw InvalidArgument(detail::cat(who, ": negative size (T ", T, ")"));
+  check_rope_shape(r, who);
+  if (T > 0x7fffffff) throw InvalidArgument(detail::cat(who, ": ", T, " tokens exceed one grid"));
   // A token's units (one pair, or one value of v, per thread at most) spread over grid.y blocks.
   if ((static_cast<std::int64_t>(nq + nkv) * hd / 2 + static_cast<std::int64_t>(nkv) * hd) > std::int64_t{65535} * kThreads)
-    throw InvalidArgument(detail::cat("cuda::rope_write_kv: ", nq, " + ", nkv, " heads of ", hd,
+    throw InvalidArgument(detail::cat(who, ": ", nq, " + ", nkv, " heads of ", hd,
                                       " values are more than one token's row of blocks can take"));
   if (T == 0 || nq + nkv == 0) return;
-  const void* ptrs[] = {qkv_bf16, positions, inv_freq, slot};
-  const char* names[] = {"qkv", "positions", "inv_freq", "slot"};
-  for (int i = 0; i < 4; ++i)
-    if (ptrs[i] == nullptr)
-      throw InvalidArgument(detail::cat("cuda::rope_write_kv: null ", names[i], " pointer for ", T, " tokens"));
-  if (nkv > 0 && (k_cache == nullptr || v_cache == nullptr))
-    throw InvalidArgument(detail::cat("cuda::rope_write_kv: null ", k_cache == nullptr ? "k_cache" : "v_cache",
-                                      " pointer with ", nkv, " KV heads"));
+  if (qkv_bf16 == nullptr) throw InvalidArgument(detail::cat(who, ": null qkv pointer for ", T, " tokens"));
+  check_rope_kv_write(r, who);
   const bool vec = hd % 16 == 0 && aligned16(qkv_bf16) && (nkv == 0 || (aligned16(k_cache) && aligned16(v_cache)));
   const auto s = static_cast<cudaStream_t>(stream);
   if (rope_style == 0) {

@@ -185,15 +185,29 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
   const std::size_t ws = kc::paged_decode_workspace_bytes(batch, H);
   CHECK((ws == 0) == (splits == 1));
   test::DeviceMem dws(ws);
-  // Poison the workspace too: merged values must only come from partials that were written.
+  // Poison the workspace too (all but the arrival counters, which must start at zero): merged values must
+  // only come from partials that were written.
+  const std::size_t zeroed = kc::paged_decode_workspace_zeroed_bytes(batch, H);
+  CHECK((zeroed == 0) == (splits == 1));
   CUDA_REQUIRE(cudaMemset(dws.p, 0xff, ws == 0 ? 16 : ws));
-  kc::paged_decode_attention(batch, dq.as<const std::uint16_t>(), H, scale, dout.as<std::uint16_t>(),
-                             dws.as<float>(), ws, stream);
-  CUDA_REQUIRE(cudaStreamSynchronize(stream));
-  std::vector<std::uint16_t> got(qn);
-  CUDA_REQUIRE(cudaMemcpy(got.data(), dout.p, qn * 2, cudaMemcpyDeviceToHost));
-  // The decode kernel's P·V on the tensor cores takes P as two bf16 parts (hi + lo): held to the f32 bound.
-  CHECK(compare(got, ref, weight, /*bf16_p=*/false) == 0);
+  if (zeroed > 0) CUDA_REQUIRE(cudaMemset(dws.p, 0, zeroed));
+  // Twice on one workspace: the first call must leave its counters zero for the second.
+  for (int call = 0; call < 2; ++call) {
+    INFO("call " << call);
+    CUDA_REQUIRE(cudaMemset(dout.p, 0xff, qn * 2));
+    kc::paged_decode_attention(batch, dq.as<const std::uint16_t>(), H, scale, dout.as<std::uint16_t>(),
+                               dws.as<float>(), ws, stream);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    std::vector<std::uint16_t> got(qn);
+    CUDA_REQUIRE(cudaMemcpy(got.data(), dout.p, qn * 2, cudaMemcpyDeviceToHost));
+    // The decode kernel's P·V on the tensor cores takes P as two bf16 parts (hi + lo): held to the f32 bound.
+    CHECK(compare(got, ref, weight, /*bf16_p=*/false) == 0);
+  }
+  if (zeroed > 0) {
+    std::vector<unsigned char> counters(zeroed);
+    CUDA_REQUIRE(cudaMemcpy(counters.data(), dws.p, zeroed, cudaMemcpyDeviceToHost));
+    CHECK(std::all_of(counters.begin(), counters.end(), [](unsigned char b) { return b == 0; }));
+  }
 }
 
 }  // namespace
@@ -449,6 +463,7 @@ void bench_decode(int S, int L, int H, int KVH, int D, int BS, double copy_tbs) 
                                dl.as<const std::int32_t>(), S, MB, BS, KVH, D};
   const std::size_t ws = kc::paged_decode_workspace_bytes(batch, H);
   test::DeviceMem dws(ws);
+  CUDA_REQUIRE(cudaMemset(dws.p, 0, ws == 0 ? 16 : ws));  // the arrival counters start at zero
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const double med = median_ms([&] {
     kc::paged_decode_attention(batch, dq.as<const std::uint16_t>(), H, scale, dout.as<std::uint16_t>(), dws.as<float>(),

@@ -42,7 +42,9 @@ struct DeviceAttentionBatch {
   const std::int32_t* prefill_indptr = nullptr;   ///< [num_prefill + 1]
   const std::int32_t* prefill_start = nullptr;    ///< [num_prefill]
 
-  float* workspace = nullptr;  ///< device, at least the policy's workspace_bytes(batch)
+  /// Device, at least the policy's workspace_bytes(batch); zeroed when the model allocates it, and a policy
+  /// that needs state kept between calls (the paged decode kernel's arrival counters) leaves it as it found it.
+  float* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   void* stream = nullptr;  ///< cudaStream_t
 };

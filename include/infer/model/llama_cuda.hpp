@@ -258,6 +258,8 @@ class LlamaModel<cuda, Q, Attn> {
       ws = std::max(ws, Attn::workspace_bytes(cuda{}, probe));
     }
     workspace_ = backend::cuda::DeviceBuffer(ws);
+    // Zeroed once: the decode kernel's arrival counters at its front start at zero, and each call leaves them so.
+    if (ws > 0) backend::cuda::check(cudaMemset(workspace_.data(), 0, ws), "LlamaModel<cuda>: zeroing the attention workspace");
     cap_tokens_ = T;
     cap_seqs_ = S;
     cap_width_ = width;
@@ -359,11 +361,21 @@ class LlamaModel<cuda, Q, Attn> {
       const auto layer = static_cast<std::int32_t>(l);
       if (pending) kernels::cuda::add_bf16_rmsnorm(x, pending, L.attn_norm, T, H, eps, xn, s);
       else kernels::cuda::add_rmsnorm(x, nullptr, L.attn_norm, T, H, eps, xn, s);
-      project(ctx, L.qkv, xn, rows, qkv);
-      if (L.qkv_bias) kernels::cuda::add_bias(qkv, L.qkv_bias, T, qkvw, s);
-      kernels::cuda::rope_write_kv(qkv, meta.pos, inv_freq_.as<float>(), T, static_cast<int>(c.num_heads),
-                                   static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim),
-                                   c.rope_style == RopeStyle::neox ? 0 : 1, cache.k(layer), cache.v(layer), meta.slots, s);
+      const kernels::cuda::RopeKvWrite rope{meta.pos,
+                                            inv_freq_.as<float>(),
+                                            static_cast<int>(c.num_heads),
+                                            static_cast<int>(c.num_kv_heads),
+                                            static_cast<int>(c.head_dim),
+                                            c.rope_style == RopeStyle::neox ? 0 : 1,
+                                            cache.k(layer),
+                                            cache.v(layer),
+                                            meta.slots};
+      if (L.qkv_bias || !fused_rope(ctx, L.qkv, xn, rows, qkv, rope)) {
+        project(ctx, L.qkv, xn, rows, qkv);
+        if (L.qkv_bias) kernels::cuda::add_bias(qkv, L.qkv_bias, T, qkvw, s);
+        kernels::cuda::rope_write_kv(qkv, rope.positions, rope.inv_freq, T, rope.nq, rope.nkv, rope.hd, rope.rope_style,
+                                     rope.k_cache, rope.v_cache, rope.slot, s);
+      }
       DeviceAttentionBatch b = attention_batch(layer, &cache, sh.width);
       if (sh.prefill_rows > 0 || qkvw % 8 != 0) {
         // The prefill kernel reads q densely packed (the decode kernel, 16-byte aligned rows): take it out of the fused rows.
@@ -418,6 +430,18 @@ class LlamaModel<cuda, Q, Attn> {
                     { Q::matmul_swiglu(ctx, w, x, rows, act) } -> std::same_as<bool>;
                   })
       return p.parts.size() == 1 && Q::matmul_swiglu(ctx, p.parts.front(), x, rows, act);
+    else
+      return false;
+  }
+
+  /// qkv = x·W_qkvᵀ with RoPE and the KV-cache write in one kernel, when the Quantizer has the optional hook
+  /// (`Q::matmul_rope`) and it takes this weight and batch; false (nothing done) otherwise.
+  bool fused_rope(CudaMatmulContext& ctx, const Projection& p, const bf16* x, std::int32_t rows, bf16* qkv,
+                  const kernels::cuda::RopeKvWrite& rope) {
+    if constexpr (requires(const linear& w) {
+                    { Q::matmul_rope(ctx, w, x, rows, qkv, rope) } -> std::same_as<bool>;
+                  })
+      return p.parts.size() == 1 && Q::matmul_rope(ctx, p.parts.front(), x, rows, qkv, rope);
     else
       return false;
   }

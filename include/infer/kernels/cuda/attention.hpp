@@ -47,11 +47,18 @@ struct PagedKvBatch {
 /// Bytes of f32 workspace `paged_decode_attention` needs for this shape (0 when it does not split).
 [[nodiscard]] std::size_t paged_decode_workspace_bytes(const PagedKvBatch& batch, int num_heads);
 
+/// Bytes at the front of that workspace which must be zero before the first call: the counters by which
+/// the last block of each sequence's splits finds that it is last and merges them. Every call leaves them
+/// zero again, so a workspace zeroed once when allocated (cudaMemset) serves any number of calls and any
+/// shape it is large enough for; the rest of it is scratch. 0 when the shape does not split.
+[[nodiscard]] std::size_t paged_decode_workspace_zeroed_bytes(const PagedKvBatch& batch, int num_heads);
+
 /// Decode attention: out[s][h][:] = softmax_p(q[s][h] · K[p] · scale) · V[p] over p < seq_lens[s], on the
 /// tensor cores (mma.sync, f32 accumulation; P·V exact to ~2^-16: kernels/cuda/paged_decode_attention.cu).
 /// One layer's K (and V) may span at most 64 GiB (32-bit offsets in 16-byte units).
 /// q and out are [num_seqs][num_heads][head_dim] bf16 on the device. `workspace` (device, f32) must hold
-/// at least `paged_decode_workspace_bytes(batch, num_heads)` bytes. A sequence with seq_len <= 0 gets zeros.
+/// at least `paged_decode_workspace_bytes(batch, num_heads)` bytes, its first
+/// `paged_decode_workspace_zeroed_bytes` zero (see there). A sequence with seq_len <= 0 gets zeros.
 /// `q_row_stride`: elements from one sequence's q to the next (0: num_heads * head_dim, dense); a larger
 /// stride reads q where a fused QKV projection left it. A multiple of 8 (16-byte loads).
 void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, int num_heads, float scale,

@@ -52,6 +52,26 @@ void rope_write_kv(std::uint16_t* qkv_bf16, const std::int32_t* positions, const
                    int nq, int nkv, int hd, int rope_style, std::uint16_t* k_cache, std::uint16_t* v_cache,
                    const std::int64_t* slot, void* stream);
 
+/// rope_write_kv's arguments but the projection's output and T: what a QKV GEMV that fuses RoPE and the
+/// cache write as its epilogue (bf16_gemv_rope, fp8_gemv_rope) needs. Its token m is row m of the GEMV.
+struct RopeKvWrite {
+  const std::int32_t* positions = nullptr;  ///< [M]
+  const float* inv_freq = nullptr;          ///< [hd / 2]
+  int nq = 0, nkv = 0, hd = 0;
+  int rope_style = 0;  ///< 0 neox, 1 interleaved
+  std::uint16_t* k_cache = nullptr;
+  std::uint16_t* v_cache = nullptr;
+  const std::int64_t* slot = nullptr;  ///< [M]; negative: a padding token, nothing written to the cache
+
+  /// Values per token of the projection: (nq + 2 nkv) heads of hd.
+  [[nodiscard]] std::int64_t row_length() const noexcept { return static_cast<std::int64_t>(nq + 2 * nkv) * hd; }
+};
+
+/// Checks a RopeKvWrite as rope_write_kv checks its arguments (`who` names the caller in the message):
+/// InvalidArgument for a negative head count, an odd or out-of-range head_dim, an unknown style, a null
+/// pointer. kernels/cuda/rope_kv.cu.
+void check_rope_kv_write(const RopeKvWrite& rope, const char* who);
+
 /// out[t][i] = bf16(silu(gate) * up) with gate = gate_up[t][i], up = gate_up[t][I + i] (the fused
 /// gate/up projection's output) and silu(g) = g / (1 + exp(-g)), computed in f32.
 void swiglu(const std::uint16_t* gate_up, std::int64_t T, std::int64_t I, std::uint16_t* out, void* stream);
