@@ -3,7 +3,7 @@
 #   bench/gpu_suite.sh build     configure + build the [cuda] tests and the benchmarks (Release, sm_90)
 #                                into $BUILD (default build-gpu)
 #   bench/gpu_suite.sh unpack    instead of build: the same programs built on your machine
-#                                (bench/pack_gpu_build.sh; carry .xfer/gpu-build.tgz) put into $BUILD, the
+#                                (bench/pack_gpu_build.sh; carry .xfer/gpu-build.tar.xz) put into $BUILD, the
 #                                source folder their tests were compiled with linked to this one
 #   bench/gpu_suite.sh test [PART]  the [cuda] tests with the suite's fixed seeds: all of them (~180 s on the
 #                                H200 at c9c0352), or one PART: ops (kernels, decoders, sampling), engines (the
@@ -68,7 +68,7 @@
 #        $OUT as session.tgz; never use $OUT itself, which every call empties);
 #   4+.  `bench/device_job.sh wait session 560 /root/session` until it ends.
 #   With the binaries built here (bench/pack_gpu_build.sh, at the commit under test), carry
-#   .xfer/gpu-build.tgz beside .deps and name the phase `unpack` instead of `build` (2 s on the device at c9c0352).
+#   .xfer/gpu-build.tar.xz beside .deps and name the phase `unpack` instead of `build` (2 s on the device at c9c0352).
 # Measured on 2026-12-05 at 5b34b23: `build` 359 s (llama.cpp's build beside it), the whole [cuda] suite 180 s
 # with fixed seeds and ~170 s per other seed (seeds 1-3 in 506 s), `engines` 23 s, `router` 43 s, `peer-serve` 265 s (after
 # .xfer/peers/device.sh build, ~6 min beside ours, and models, 95 s); `connections` ~1 min (5933470). At c9c0352:
@@ -139,9 +139,9 @@ case "${1:-}" in
     echo "BLAS: $(ldd "$build"/tests/test_cuda | grep -iE 'blas|lapack' | tr -s ' \t' ' ' | tr '\n' ';')"
     ;;
   unpack)
-    pack=.xfer/gpu-build.tgz
+    pack=.xfer/gpu-build.tar.xz
     [ -f $pack ] || { echo "gpu_suite.sh unpack: no $pack (bench/pack_gpu_build.sh makes it; carry it)" >&2; exit 2; }
-    mkdir -p "$build" && tar xzf $pack -C "$build" || exit 1
+    mkdir -p "$build" && tar xJf $pack -C "$build" || exit 1
     cat "$build/gpu-build.manifest"
     # The tests read fixtures and the model from the source folder compiled into them: make it this one.
     src=$(sed -n 's/^source_dir=//p' "$build/gpu-build.manifest")

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Packs this machine's CUDA build for the GPU machine, so that a 30-minute device session does not spend 4-6
-# of its minutes building (`gpu_suite.sh build` took 359 s on 2026-12-05): .xfer/gpu-build.tgz with the
+# of its minutes building (`gpu_suite.sh build` took 359 s on 2026-12-05): .xfer/gpu-build.tar.xz with the
 # programs and tests `gpu_suite.sh` runs and a manifest (commit, CUDA, the source folder compiled into the
 # tests). On the device, `gpu_suite.sh unpack` puts them where `gpu_suite.sh build` would.
 #   bench/pack_gpu_build.sh [BUILD_DIR]     (default build; Release, CUDA for sm_90, as scripts/setup.sh makes it)
 # The binaries are portable x86-64 (no -march) and link CUDA 13's and .deps' shared libraries, which the GPU
-# machine has (source .deps/unpack.sh there). Carry .xfer/gpu-build.tgz in the call that unpacks it, beside
-# .deps when the two fit one call's 64 MiB carry (20 + 37 MB on 2026-12-05; 29 + 36 the session before did
-# not): otherwise unpack .deps in a call of its own (`source .deps/unpack.sh && cp .deps/unpack.sh
-# /opt/deps/`), then `source /opt/deps/unpack.sh` in the call that carries the tgz.
+# machine has (source .deps/unpack.sh there). Carry .xfer/gpu-build.tar.xz in the call that unpacks it, beside
+# .deps when the two fit one call's 64 MiB carry (20 + 35 MB on 2026-12-06): otherwise unpack .deps in a call
+# of its own (`source .deps/unpack.sh && cp .deps/unpack.sh /opt/deps/`), then `source /opt/deps/unpack.sh` in
+# the call that carries the archive. xz, not gzip: the programs share most of their bytes (the CUDA kernels
+# are linked into each), which xz's window finds across files and gzip's 32 KiB one does not (35 against
+# 47 MB at 8b718e1; ~20 s to pack on 2 cores).
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -35,6 +37,7 @@ done
 } >"$build/gpu-build.manifest"
 mkdir -p .xfer
 grep -qx '/.xfer/' .git/info/exclude 2>/dev/null || echo '/.xfer/' >>.git/info/exclude
-tar czf .xfer/gpu-build.tgz -C "$build" gpu-build.manifest "${files[@]}"
-echo "packed $(du -h .xfer/gpu-build.tgz | cut -f1): .xfer/gpu-build.tgz"
+rm -f .xfer/gpu-build.tgz  # the gzip archive earlier versions made
+tar cf - -C "$build" gpu-build.manifest "${files[@]}" | xz -T"$(nproc)" -6 >.xfer/gpu-build.tar.xz
+echo "packed $(du -h .xfer/gpu-build.tar.xz | cut -f1): .xfer/gpu-build.tar.xz"
 cat "$build/gpu-build.manifest"
