@@ -76,6 +76,7 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
     if (!active) return;  // exiting counts as letting the next kernel launch
   }
   rope_epilogue::Pair pair{};
+  rope_epilogue::Token tokens[kEpilogue == Epilogue::rope ? M : 1];
   const uint4* wr[kRows];
   if constexpr (kEpilogue == Epilogue::swiglu) {
     wr[0] = w + row0 * chunks;
@@ -84,6 +85,9 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
     pair = rope_epilogue::pair_of(rope, active ? group : 0);
     wr[0] = w + pair.row0 * chunks;
     wr[1] = w + pair.row1 * chunks;
+    if (active)
+#pragma unroll
+      for (int m = 0; m < M; ++m) tokens[m] = rope_epilogue::token_of(rope, pair, m);
   } else {
     for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
   }
@@ -101,7 +105,8 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   } else if constexpr (kEpilogue == Epilogue::rope) {
 #pragma unroll
     for (int m = 0; m < M; ++m)
-      rope_epilogue::write(rope, pair, m, 2 * N, gemv_split::to_bf16(acc[0][m]), gemv_split::to_bf16(acc[1][m]), y);
+      rope_epilogue::write(rope, pair, tokens[m], m, 2 * N, gemv_split::to_bf16(acc[0][m]),
+                           gemv_split::to_bf16(acc[1][m]), y);
   } else {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {

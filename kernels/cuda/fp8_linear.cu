@@ -181,11 +181,19 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __re
   const std::int64_t row0 = group * kRows;
   const bool active = row0 < N;  // an inactive group still reaches combine's barrier
   rope_epilogue::Pair pair{};
+  rope_epilogue::Token tokens[kRope ? M : 1];
+  float rs0 = 0.0f, rs1 = 0.0f;  // kRope: the pair's weight scales, read before the stream
   const uint4* wr[kRows];
   if constexpr (kRope) {
     pair = rope_epilogue::pair_of(rope, active ? group : 0);
     wr[0] = w + pair.row0 * chunks;
     wr[1] = w + pair.row1 * chunks;
+    if (active) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) tokens[m] = rope_epilogue::token_of(rope, pair, m);
+      rs0 = w_scale[pair.row0];
+      rs1 = w_scale[pair.row1];
+    }
   } else {
     for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
   }
@@ -195,11 +203,10 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __re
                                                      [](const uint4& a, const uint4& b) { return dot16(a, b); });
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
   if constexpr (kRope) {
-    const float s0 = w_scale[pair.row0], s1 = w_scale[pair.row1];
 #pragma unroll
     for (int m = 0; m < M; ++m)
-      rope_epilogue::write(rope, pair, m, N, gemv_split::to_bf16(acc[0][m] * (s0 * x_scale[m])),
-                           gemv_split::to_bf16(acc[1][m] * (s1 * x_scale[m])), y);
+      rope_epilogue::write(rope, pair, tokens[m], m, N, gemv_split::to_bf16(acc[0][m] * (rs0 * x_scale[m])),
+                           gemv_split::to_bf16(acc[1][m] * (rs1 * x_scale[m])), y);
   } else {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {

@@ -35,7 +35,7 @@
 // replaced a second kernel launched per layer for the merge (5.4-5.9 µs alone at batch 1, ncu on the H200
 // and the H100), whose launch and drain a decode step paid 32 times. The counters sit at the front of the
 // workspace and must be zero before the first call (paged_decode_attention's contract); a call leaves them
-// zero. The merge adds the splits in split order, as the separate kernel did, so the output is unchanged.
+// zero. The merge (merge_splits) reads each split's partials through L2 with no load waiting on another.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -180,7 +180,12 @@ __device__ __forceinline__ std::uint32_t pair(const uint4* a, const uint4* b, in
 }
 
 template <int D>
+__device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int h0, int nh, int len, int split_len,
+                                             float* weights, float* sums);
+
+template <int D>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel(const DecodeParams p) {
+  static_assert(kWarps * D >= kMaxSplits, "merge_splits keeps its weights in sm_acc");
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   constexpr int kKSteps = D / 16;   // QK k-steps
   constexpr int kMTiles = D / 16;   // Oᵀ m-tiles
@@ -372,23 +377,59 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
   __syncthreads();
   if (!sm_last) return;
   __threadfence();
+  merge_splits<D>(p, seq, h0, nh, len, split_len, &sm_acc[0][0][0], &sm_l[0][0]);
+}
+
+/// The last block's merge of the splits of heads h0 .. h0 + nh - 1 of sequence `seq`. The partials were
+/// written by other blocks of this launch: read through L2 (__ldcg), never a stale L1 line. Two passes, so
+/// that the long one has no dependent loads: warp w finds the max and the weights 2^(m_s - max) of heads w,
+/// w + kWarps, ... (its lanes take interleaved splits; the sum of l_s · w_s is reduced by shuffles in a fixed
+/// order) into shared memory; then each thread adds up its outputs' accumulators over the splits in split
+/// order, every load independent of the others. `weights` holds kMaxGroup x kMaxSplits floats (the block's
+/// own accumulator staging, free by now), `sums` kMaxGroup.
+template <int D>
+__device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int h0, int nh, int len, int split_len,
+                                             float* weights, float* sums) {
   const int used = len <= 0 ? 0 : min(p.splits, (len + split_len - 1) / split_len);  // splits that hold positions
-  for (int idx = static_cast<int>(threadIdx.x); idx < nh * D; idx += kThreads) {
-    const int hh = idx / D, d = idx % D;
-    const std::size_t head = static_cast<std::size_t>(seq) * p.num_heads + h0 + hh;
-    // Written by other blocks in this launch: read through L2 (__ldcg), never a stale L1 line.
-    const float* ml = p.ws_ml + head * p.splits * 2;
-    const float* acc = p.ws_acc + head * p.splits * D;
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const std::size_t head0 = static_cast<std::size_t>(seq) * p.num_heads + h0;
+  __syncthreads();  // every warp is done with the staging area
+  for (int hh = warp; hh < nh; hh += kWarps) {
+    const float* ml = p.ws_ml + (head0 + hh) * p.splits * 2;
     float mx = kNegInf;
-    for (int s = 0; s < used; ++s) mx = fmaxf(mx, __ldcg(ml + 2 * s));
-    float sum = 0.0f, a = 0.0f;
-    for (int s = 0; s < used; ++s) {
+    for (int s = lane; s < used; s += 32) mx = fmaxf(mx, __ldcg(ml + 2 * s));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int s = lane; s < used; s += 32) {
       const float ms = __ldcg(ml + 2 * s);
       const float w = ms == kNegInf ? 0.0f : exp2f(ms - mx);
+      weights[hh * kMaxSplits + s] = w;
       sum = fmaf(__ldcg(ml + 2 * s + 1), w, sum);
-      a = fmaf(__ldcg(acc + static_cast<std::size_t>(s) * D + d), w, a);
     }
-    p.out[head * D + d] = f32_to_bf16(sum > 0.0f ? a / sum : 0.0f);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) sums[hh] = sum;
+  }
+  __syncthreads();
+  constexpr int kItems = kMaxGroup * D / kThreads;  // outputs per thread at most
+  float a[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) a[k] = 0.0f;
+  const float* acc = p.ws_acc + head0 * p.splits * D;
+#pragma unroll 4
+  for (int s = 0; s < used; ++s) {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int idx = static_cast<int>(threadIdx.x) + k * kThreads, hh = idx / D, d = idx % D;
+      if (hh < nh)
+        a[k] = fmaf(__ldcg(acc + (static_cast<std::size_t>(hh) * p.splits + s) * D + d), weights[hh * kMaxSplits + s], a[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int idx = static_cast<int>(threadIdx.x) + k * kThreads, hh = idx / D, d = idx % D;
+    if (hh < nh) p.out[(head0 + hh) * D + d] = f32_to_bf16(sums[hh] > 0.0f ? a[k] / sums[hh] : 0.0f);
   }
 }
 
@@ -482,14 +523,15 @@ void launch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   chained::launch(paged_decode_kernel<D>, grid, kThreads, 0, stream, p);
 }
 
-/// The workspace of a split shape: the arrival counters first (rounded up to 16 bytes), then the partials.
+/// The workspace of a split shape: the arrival counters first, then the partials. The counters' region has
+/// the same size for every shape of one head_dim on one GPU (a context splits only while its thread blocks
+/// number fewer than two waves, so that many counters always suffice): the partials of one call then never
+/// land on the counters of another, whatever their batch sizes, and the counters stay zero between calls.
 struct WorkspaceLayout {
   std::size_t counters, ml_floats, acc_floats;
   WorkspaceLayout(const PagedKvBatch& b, int num_heads, int splits) {
     const auto seqs = static_cast<std::size_t>(b.num_seqs);
-    const auto groups = static_cast<std::size_t>(b.num_kv_heads) *
-                        static_cast<std::size_t>((num_heads / b.num_kv_heads + kMaxGroup - 1) / kMaxGroup);
-    counters = (seqs * groups + 3) / 4 * 4;
+    counters = (2 * static_cast<std::size_t>(resident_blocks(b.head_dim)) + 3) / 4 * 4;
     ml_floats = seqs * static_cast<std::size_t>(num_heads) * static_cast<std::size_t>(splits) * 2;
     acc_floats = seqs * static_cast<std::size_t>(num_heads) * static_cast<std::size_t>(splits) *
                  static_cast<std::size_t>(b.head_dim);
@@ -558,6 +600,12 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
   p.out = out;
   if (splits > 1) {
     const WorkspaceLayout ws(batch, num_heads, splits);
+    // plan_splits splits only grids of fewer than two waves of blocks (a counter each along x = 1).
+    const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
+    if (static_cast<std::size_t>(batch.num_seqs) * static_cast<std::size_t>(batch.num_kv_heads * chunks) > ws.counters)
+      throw DeviceError(cat("cuda::paged_decode_attention: ", batch.num_seqs, " sequences of ", batch.num_kv_heads,
+                              " KV heads split ", splits, " ways need more arrival counters than the ", ws.counters,
+                              " the workspace holds"));
     p.arrivals = reinterpret_cast<unsigned*>(workspace);
     p.ws_ml = workspace + ws.counters;
     p.ws_acc = p.ws_ml + ws.ml_floats;

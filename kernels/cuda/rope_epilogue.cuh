@@ -19,13 +19,18 @@
 
 namespace infer::kernels::cuda::rope_epilogue {
 
-/// Rotates the pair (x, y) of bf16 values by `angle`: f32 arithmetic, an accurate sincosf, bf16 results.
-__device__ __forceinline__ void rope_rotate(float angle, std::uint16_t& x, std::uint16_t& y) {
-  float s, c;
-  sincosf(angle, &s, &c);
+/// Rotates the pair (x, y) of bf16 values by the angle whose sine and cosine are s and c: f32 arithmetic,
+/// bf16 results.
+__device__ __forceinline__ void rope_rotate(float s, float c, std::uint16_t& x, std::uint16_t& y) {
   const float a = bf16_to_f32(x), b = bf16_to_f32(y);
   x = f32_to_bf16(a * c - b * s);
   y = f32_to_bf16(a * s + b * c);
+}
+
+/// The sine and cosine of pair i's angle for a token at `position`: f32(position) * inv_freq[i], an accurate
+/// sincosf.
+__device__ __forceinline__ void rope_angle(int position, const float* inv_freq, int i, float& s, float& c) {
+  sincosf(static_cast<float>(position) * __ldg(inv_freq + i), &s, &c);
 }
 
 /// The pair a row group owns: its head, its pair index within the head, and its two rows of the projection.
@@ -45,15 +50,29 @@ __device__ __forceinline__ Pair pair_of(const RopeKvWrite& r, std::int64_t group
   return p;
 }
 
+/// What the epilogue needs of token m, read and computed before the GEMV streams its weights, so that the
+/// epilogue waits on no load: the rotation's sine and cosine, and the token's cache slot.
+struct Token {
+  float sin = 0.0f, cos = 1.0f;
+  std::int64_t slot = -1;
+};
+
+__device__ __forceinline__ Token token_of(const RopeKvWrite& r, const Pair& p, int m) {
+  Token t;
+  if (p.head < r.nq + r.nkv) rope_angle(__ldg(r.positions + m), r.inv_freq, p.i, t.sin, t.cos);
+  if (p.head >= r.nq) t.slot = __ldg(r.slot + m);
+  return t;
+}
+
 /// Token m's two values of pair `p` (already bf16): rotated unless p is a v head, written to row m of the
 /// projection's output y (row length N) and, for k and v heads of a token with a slot, to the cache.
-__device__ __forceinline__ void write(const RopeKvWrite& r, const Pair& p, int m, std::int64_t N, std::uint16_t a,
-                                      std::uint16_t b, std::uint16_t* __restrict__ y) {
-  if (p.head < r.nq + r.nkv) rope_rotate(static_cast<float>(__ldg(r.positions + m)) * __ldg(r.inv_freq + p.i), a, b);
+__device__ __forceinline__ void write(const RopeKvWrite& r, const Pair& p, const Token& t, int m, std::int64_t N,
+                                      std::uint16_t a, std::uint16_t b, std::uint16_t* __restrict__ y) {
+  if (p.head < r.nq + r.nkv) rope_rotate(t.sin, t.cos, a, b);
   y[m * N + p.row0] = a;
   y[m * N + p.row1] = b;
   if (p.head < r.nq) return;
-  const std::int64_t slot = __ldg(r.slot + m);
+  const std::int64_t slot = t.slot;
   if (slot < 0) return;  // a padding token writes nothing to the cache
   const bool is_k = p.head < r.nq + r.nkv;
   const int kv = p.head - r.nq - (is_k ? 0 : r.nkv);

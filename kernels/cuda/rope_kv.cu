@@ -57,10 +57,12 @@ __global__ void __launch_bounds__(kThreads)
   const int h = u / groups, i0 = (u - h * groups) * P;
   std::uint16_t* head = row + static_cast<std::int64_t>(h) * hd;
   std::uint16_t* kdst = h >= nq && write ? k_cache + cache_base + static_cast<std::int64_t>(h - nq) * hd : nullptr;
-  const auto pos = static_cast<float>(__ldg(positions + t));
+  const int pos = __ldg(positions + t);
   // Rotates pair (x, y) by the angle of pair index i.
   const auto rotate = [&](int i, std::uint16_t& x, std::uint16_t& y) {
-    rope_epilogue::rope_rotate(pos * __ldg(inv_freq + i), x, y);
+    float s, c;
+    rope_epilogue::rope_angle(pos, inv_freq, i, s, c);
+    rope_epilogue::rope_rotate(s, c, x, y);
   };
   if constexpr (!kVec) {
     const int ia = kNeox ? i0 : 2 * i0, ib = kNeox ? i0 + half : 2 * i0 + 1;

@@ -145,8 +145,15 @@ std::vector<Config> all_configs() {
   return c;
 }
 
+/// A workspace that several calls of different shapes share, zeroed once (as the model's is).
+struct SharedWorkspace {
+  test::DeviceMem mem;
+  std::size_t bytes;
+  explicit SharedWorkspace(std::size_t n) : mem(n), bytes(n) { CUDA_REQUIRE(cudaMemset(mem.p, 0, n)); }
+};
+
 void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std::mt19937& rng, bool expect_split,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, SharedWorkspace* shared = nullptr) {
   const int H = c.group * kvh, D = c.head_dim;
   const auto S = static_cast<int>(lens.size());
   INFO("group " << c.group << ", head_dim " << D << ", block " << c.block_size << ", " << S << " sequences, "
@@ -184,19 +191,24 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
   else CHECK(splits == 1);
   const std::size_t ws = kc::paged_decode_workspace_bytes(batch, H);
   CHECK((ws == 0) == (splits == 1));
-  test::DeviceMem dws(ws);
-  // Poison the workspace too (all but the arrival counters, which must start at zero): merged values must
-  // only come from partials that were written.
+  test::DeviceMem own(shared ? 0 : ws);
   const std::size_t zeroed = kc::paged_decode_workspace_zeroed_bytes(batch, H);
   CHECK((zeroed == 0) == (splits == 1));
-  CUDA_REQUIRE(cudaMemset(dws.p, 0xff, ws == 0 ? 16 : ws));
-  if (zeroed > 0) CUDA_REQUIRE(cudaMemset(dws.p, 0, zeroed));
+  if (shared) {
+    REQUIRE(ws <= shared->bytes);
+  } else {
+    // Poison the workspace too (all but the arrival counters, which must start at zero): merged values
+    // must only come from partials that were written.
+    CUDA_REQUIRE(cudaMemset(own.p, 0xff, ws == 0 ? 16 : ws));
+    if (zeroed > 0) CUDA_REQUIRE(cudaMemset(own.p, 0, zeroed));
+  }
+  const test::DeviceMem& dws = shared ? shared->mem : own;
   // Twice on one workspace: the first call must leave its counters zero for the second.
   for (int call = 0; call < 2; ++call) {
     INFO("call " << call);
     CUDA_REQUIRE(cudaMemset(dout.p, 0xff, qn * 2));
     kc::paged_decode_attention(batch, dq.as<const std::uint16_t>(), H, scale, dout.as<std::uint16_t>(),
-                               dws.as<float>(), ws, stream);
+                               dws.as<float>(), shared ? shared->bytes : ws, stream);
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
     std::vector<std::uint16_t> got(qn);
     CUDA_REQUIRE(cudaMemcpy(got.data(), dout.p, qn * 2, cudaMemcpyDeviceToHost));
@@ -222,6 +234,19 @@ TEST_CASE("CUDA paged decode attention matches the CPU reference (split-K)", "[c
     run_decode_case(c, lens, 2, rng, true, stream);
   }
   CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("CUDA paged decode attention: calls of different batch sizes share one workspace", "[cuda][attention]") {
+  // As in a decoder, whose batch grows and shrinks between steps: the partials of one call must never land
+  // on the arrival counters of another (zeroed once, left zero by every call).
+  std::mt19937 rng(test::test_seed("decode attention, shared workspace"));
+  SharedWorkspace ws(std::size_t{64} << 20);
+  const Config c{4, 128, 16};
+  for (const std::size_t n : {1, 5, 2, 9, 1, 3}) {
+    std::vector<int> lens(n);
+    for (auto& len : lens) len = 200 + static_cast<int>(rng() % 3000);
+    run_decode_case(c, lens, 2, rng, true, nullptr, &ws);
+  }
 }
 
 TEST_CASE("CUDA paged decode attention without a split (grid already full)", "[cuda][attention]") {
