@@ -61,22 +61,17 @@ enum class Epilogue { store, swiglu, rope };
 template <int M, class Out, Epilogue kEpilogue, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __restrict__ w, const uint4* __restrict__ x,
                                                                 std::int64_t N, std::int64_t chunks, Out* __restrict__ y,
-                                                                const RopeKvWrite rope) {
+                                                                const RopeKvWrite rope, bool prefetch) {
   constexpr bool kPaired = kEpilogue != Epilogue::store;
   static_assert(!kPaired || (kRows == 2 && sizeof(Out) == 2), "a paired epilogue takes two rows, bf16 out");
   static_assert(kWarps % kSplit == 0, "a block holds whole row groups");
-  gemv_split::begin();
   const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
   // rope: N is the number of pairs (half the rows).
   const std::int64_t row0 = kPaired ? group : group * kRows;
   // A group past the last row still reaches the block's barrier (kSplit > 1); it reads nothing.
   const bool active = row0 < N;
-  if constexpr (kSplit == 1) {
-    if (!active) return;  // exiting counts as letting the next kernel launch
-  }
   rope_epilogue::Pair pair{};
-  rope_epilogue::Token tokens[kEpilogue == Epilogue::rope ? M : 1];
   const uint4* wr[kRows];
   if constexpr (kEpilogue == Epilogue::swiglu) {
     wr[0] = w + row0 * chunks;
@@ -85,11 +80,19 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
     pair = rope_epilogue::pair_of(rope, active ? group : 0);
     wr[0] = w + pair.row0 * chunks;
     wr[1] = w + pair.row1 * chunks;
+  } else {
+    for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
+  }
+  if (prefetch && active) gemv_split::prefetch_rows<kSplit>(wr, chunks);  // the weights only: before the wait
+  gemv_split::begin();
+  if constexpr (kSplit == 1) {
+    if (!active) return;  // exiting counts as letting the next kernel launch
+  }
+  rope_epilogue::Token tokens[kEpilogue == Epilogue::rope ? M : 1];
+  if constexpr (kEpilogue == Epilogue::rope) {
     if (active)
 #pragma unroll
       for (int m = 0; m < M; ++m) tokens[m] = rope_epilogue::token_of(rope, pair, m);
-  } else {
-    for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
   }
 
   float acc[kRows][M];
@@ -126,9 +129,9 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const uint4* x, st
   const dim3 block(kWarps * 32);
   const auto grid = [&](int k) { return dim3(gemv_split::grid_for(groups, k)); };
   switch (split) {
-    case 1: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 1>, grid(1), block, s, w, x, N, chunks, y, rope); break;
-    case 2: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 2>, grid(2), block, s, w, x, N, chunks, y, rope); break;
-    default: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 4>, grid(4), block, s, w, x, N, chunks, y, rope); break;
+    case 1: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 1>, grid(1), block, s, w, x, N, chunks, y, rope, gemv_split::prefetch_weights()); break;
+    case 2: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 2>, grid(2), block, s, w, x, N, chunks, y, rope, gemv_split::prefetch_weights()); break;
+    default: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 4>, grid(4), block, s, w, x, N, chunks, y, rope, gemv_split::prefetch_weights()); break;
   }
 }
 
