@@ -52,6 +52,7 @@ struct PrefillParams {
   const std::int32_t* q_indptr;
   const std::int32_t* q_start;
   const std::uint16_t* q;
+  std::int64_t q_stride;  ///< elements from one query row to the next
   std::uint16_t* out;
   int max_blocks;
   int block_shift;
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_cuda_core_kernel(const
       float f[8] = {};
       if (r < nq) {
         const uint4 raw = *reinterpret_cast<const uint4*>(
-            p.q + (static_cast<std::size_t>(q_begin + q0 + r) * p.num_heads + h) * D + c * 8);
+            p.q + static_cast<std::size_t>(q_begin + q0 + r) * p.q_stride + static_cast<std::size_t>(h) * D + c * 8);
         unpack8_to(raw, f, p.scale_log2);
       }
 #pragma unroll
@@ -289,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
       const int r = wr0 + i / NC, c = i % NC;
       const bool ok = r < nq;
       const std::uint16_t* src =
-          ok ? p.q + (static_cast<std::size_t>(q_begin + q0 + r) * p.num_heads + h) * D + c * 8 : p.q;
+          ok ? p.q + static_cast<std::size_t>(q_begin + q0 + r) * p.q_stride + static_cast<std::size_t>(h) * D + c * 8 : p.q;
       cp_async_16(sq + tile_off<D>(r, c), src, ok);
     }
     detail::cp_async_commit();
@@ -585,7 +586,7 @@ PrefillPath set_paged_prefill_path(PrefillPath path) {
 
 void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, const std::int32_t* q_indptr,
                              const std::int32_t* q_start, int num_heads, float scale, std::uint16_t* out,
-                             void* stream) {
+                             void* stream, std::int64_t q_row_stride) {
   using infer::detail::cat;
   const PagedKvBatch& b = batch;
   if (b.num_seqs < 0 || b.num_seqs > 65535)
@@ -616,6 +617,10 @@ void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, 
   const auto misaligned = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0; };
   if (misaligned(b.k) || misaligned(b.v) || misaligned(q))
     throw InvalidArgument("cuda::paged_prefill_attention: K, V and q must be 16-byte aligned (16-byte loads)");
+  const std::int64_t dense = static_cast<std::int64_t>(num_heads) * b.head_dim;
+  if (q_row_stride != 0 && (q_row_stride < dense || q_row_stride % 8 != 0))
+    throw InvalidArgument(cat("cuda::paged_prefill_attention: q_row_stride = ", q_row_stride, " must be 0 or a multiple",
+                              " of 8 of at least num_heads * head_dim = ", dense));
 
   PrefillParams p{};
   p.k = b.k;
@@ -624,6 +629,7 @@ void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, 
   p.q_indptr = q_indptr;
   p.q_start = q_start;
   p.q = q;
+  p.q_stride = q_row_stride != 0 ? q_row_stride : dense;
   p.out = out;
   p.max_blocks = b.max_blocks_per_seq;
   int shift = 0;

@@ -299,7 +299,7 @@ struct Chunk {
 /// tensor-core kernels against the CUDA-core one. With `misaligned_out` the output starts 2 bytes past a
 /// 16-byte boundary, where every path must take the CUDA-core kernel (and so meets its bound).
 void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks, std::mt19937& rng,
-                      cudaStream_t stream, bool misaligned_out = false) {
+                      cudaStream_t stream, bool misaligned_out = false, std::int64_t q_stride = 0) {
   const int H = c.group * kvh, D = c.head_dim;
   const auto S = static_cast<int>(chunks.size());
   INFO("group " << c.group << ", head_dim " << D << ", block " << c.block_size << ", " << S << " sequences, "
@@ -325,14 +325,21 @@ void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks
     kernels::cpu::attention(shape, qf.data() + at, weight.data() + at, starts[su], chunks[su].count, cache.abs_view(su));
   }
   test::DeviceMem dk(cache.k.size() * 2), dv(cache.v.size() * 2), dt(cache.tables.size() * 4), dl(lens.size() * 4),
-      dind(indptr.size() * 4), dst(starts.size() * 4), dq(qn * 2), dout(qn * 2 + 16);
+      dind(indptr.size() * 4), dst(starts.size() * 4), dout(qn * 2 + 16);
+  // With a row stride, each row's q sits at the front of a longer row (as in the fused QKV projection's
+  // output) whose other values are NaN: a kernel that read past a row's q would fail the comparison.
+  const std::size_t row = static_cast<std::size_t>(H) * D;
+  const std::size_t stride = q_stride != 0 ? static_cast<std::size_t>(q_stride) : row;
+  std::vector<std::uint16_t> q_rows(total_q * stride, 0xffff);
+  for (std::size_t r = 0; r < total_q; ++r) std::copy_n(q.begin() + static_cast<std::ptrdiff_t>(r * row), row, q_rows.begin() + static_cast<std::ptrdiff_t>(r * stride));
+  test::DeviceMem dq(q_rows.size() * 2);
   upload(dk, cache.k);
   upload(dv, cache.v);
   upload(dt, cache.tables);
   upload(dl, std::vector<std::int32_t>(lens.begin(), lens.end()));
   upload(dind, std::vector<std::int32_t>(indptr.begin(), indptr.end()));
   upload(dst, std::vector<std::int32_t>(starts.begin(), starts.end()));
-  upload(dq, q);
+  upload(dq, q_rows);
   const kc::PagedKvBatch batch{dk.as<const std::uint16_t>(), dv.as<const std::uint16_t>(),
                                dt.as<const std::int32_t>(), dl.as<const std::int32_t>(),
                                S, cache.max_blocks, c.block_size, kvh, D};
@@ -343,7 +350,7 @@ void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks
     const PrefillPathScope scope(path);
     CUDA_REQUIRE(cudaMemset(dout.p, 0xff, qn * 2 + 16));  // 0xffff is a bf16 NaN
     kc::paged_prefill_attention(batch, dq.as<const std::uint16_t>(), dind.as<const std::int32_t>(),
-                                dst.as<const std::int32_t>(), H, scale, out, stream);
+                                dst.as<const std::int32_t>(), H, scale, out, stream, q_stride);
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
     outs.push_back(download<std::uint16_t>(out, qn));
     const bool bf16_p = path != kc::PrefillPath::cuda_cores && !misaligned_out;
@@ -403,6 +410,16 @@ TEST_CASE("CUDA paged prefill attention with a misaligned output takes the CUDA-
     run_prefill_case(c, 2, {{0, 130}, {300, 70}}, rng, nullptr, /*misaligned_out=*/true);
 }
 
+TEST_CASE("CUDA paged prefill attention reads q in place, rows a stride apart", "[cuda][attention]") {
+  std::mt19937 rng(test::test_seed("prefill attention, q row stride"));
+  // The stride of a fused QKV row: q's heads, then k's and v's (group + 2 heads of head_dim per KV head).
+  for (const Config& c : {Config{4, 128, 16}, Config{3, 64, 8}}) {
+    const int kvh = 2;
+    run_prefill_case(c, kvh, {{0, 200}, {37, 90}}, rng, nullptr, false,
+                     static_cast<std::int64_t>(c.group + 2) * kvh * c.head_dim);
+  }
+}
+
 TEST_CASE("set_paged_prefill_path returns the previous choice", "[cuda][attention]") {
   const auto first = kc::set_paged_prefill_path(kc::PrefillPath::cuda_cores);
   CHECK(first == kc::PrefillPath::automatic);  // nothing else has changed it (the scopes above restore it)
@@ -431,6 +448,9 @@ TEST_CASE("CUDA paged attention rejects bad arguments", "[cuda][attention]") {
   CHECK_THROWS_WITH(kc::paged_decode_workspace_bytes(bad, 1), Catch::Contains("power of two"));
   CHECK_THROWS_AS(kc::paged_decode_attention(good, nullptr, 1, 1.0f, op, nullptr, 0, nullptr), InvalidArgument);
   CHECK_THROWS_AS(kc::paged_decode_attention(good, qp + 1, 1, 1.0f, op, nullptr, 0, nullptr), InvalidArgument);
+  CHECK_THROWS_WITH(kc::paged_prefill_attention(good, qp, t.as<const std::int32_t>(), l.as<const std::int32_t>(), 1, 1.0f,
+                                                op, nullptr, 68),
+                    Catch::Contains("q_row_stride = 68"));
   // A long context with one sequence splits, and then needs a workspace.
   bad = good;
   bad.max_blocks_per_seq = 256;

@@ -26,12 +26,11 @@ struct DeviceAttentionBatch {
   float scale = 1.0f;
 
   // ---- the step
-  const std::uint16_t* q = nullptr;  ///< [rows][num_heads][head_dim] bf16, densely packed
-  /// When set, the decode rows' q is read from here instead, `decode_q_stride` elements apart (a decode-only
-  /// step reads q where the fused QKV projection left it, with no packing copy). out stays dense.
-  const std::uint16_t* decode_q = nullptr;
-  std::int64_t decode_q_stride = 0;
-  std::uint16_t* out = nullptr;      ///< same shape as q
+  /// [rows][num_heads][head_dim] bf16, row r at q + r * q_stride: the fused QKV projection's output read in
+  /// place (q_stride = its row length), or densely packed (q_stride = 0, num_heads * head_dim apart).
+  const std::uint16_t* q = nullptr;
+  std::int64_t q_stride = 0;
+  std::uint16_t* out = nullptr;      ///< [rows][num_heads][head_dim], dense
   std::int32_t table_width = 0;      ///< entries per block table (capacity = table_width * block_size tokens)
   std::int32_t num_decode = 0;
   const std::int32_t* decode_tables = nullptr;  ///< [num_decode][table_width]

@@ -53,13 +53,14 @@ struct PagedAttention {
   /// chunks through the causal kernel; both enqueue on batch.stream and never synchronize.
   static void attend(cuda, const DeviceAttentionBatch& b) {
     if (b.num_decode > 0)
-      kernels::cuda::paged_decode_attention(decode_part(b), b.decode_q ? b.decode_q : b.q, b.num_heads, b.scale, b.out,
-                                            b.workspace, b.workspace_bytes, b.stream, b.decode_q ? b.decode_q_stride : 0);
+      kernels::cuda::paged_decode_attention(decode_part(b), b.q, b.num_heads, b.scale, b.out, b.workspace,
+                                            b.workspace_bytes, b.stream, b.q_stride);
     if (b.num_prefill > 0) {
-      const std::size_t first = static_cast<std::size_t>(b.num_decode) * static_cast<std::size_t>(b.num_heads) *
-                                static_cast<std::size_t>(b.head_dim);
-      kernels::cuda::paged_prefill_attention(prefill_part(b), b.q + first, b.prefill_indptr, b.prefill_start,
-                                             b.num_heads, b.scale, b.out + first, b.stream);
+      const std::int64_t dense = static_cast<std::int64_t>(b.num_heads) * b.head_dim;
+      const auto first = static_cast<std::size_t>(b.num_decode);
+      kernels::cuda::paged_prefill_attention(prefill_part(b), b.q + first * static_cast<std::size_t>(b.q_stride ? b.q_stride : dense),
+                                             b.prefill_indptr, b.prefill_start, b.num_heads, b.scale,
+                                             b.out + first * static_cast<std::size_t>(dense), b.stream, b.q_stride);
     }
   }
 

@@ -377,17 +377,17 @@ class LlamaModel<cuda, Q, Attn> {
                                      rope.k_cache, rope.v_cache, rope.slot, s);
       }
       DeviceAttentionBatch b = attention_batch(layer, &cache, sh.width);
-      if (sh.prefill_rows > 0 || qkvw % 8 != 0) {
-        // The prefill kernel reads q densely packed (the decode kernel, 16-byte aligned rows): take it out of the fused rows.
+      if (qkvw % 8 != 0) {
+        // The attention kernels read q 16 bytes at a time: rows of another length are packed densely first.
         backend::cuda::check(cudaMemcpy2DAsync(q, static_cast<std::size_t>(qs) * 2, qkv, static_cast<std::size_t>(qkvw) * 2,
                                                static_cast<std::size_t>(qs) * 2, static_cast<std::size_t>(T),
                                                cudaMemcpyDeviceToDevice, stream()),
                              "LlamaModel<cuda>: packing q");
+        b.q = q;
       } else {
-        b.decode_q = qkv;  // decode-only: read q in place
-        b.decode_q_stride = qkvw;
+        b.q = qkv;  // read in place, where the fused projection left it
+        b.q_stride = qkvw;
       }
-      b.q = q;
       b.out = att;
       b.num_decode = sh.num_decode;
       b.decode_tables = meta.tables;

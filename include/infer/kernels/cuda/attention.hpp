@@ -78,9 +78,11 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
 /// table), keeps S = Q·Kᵀ and the online softmax in f32 registers and rounds P to bf16 for O += P·V
 /// (error <= 2^-8 · Σ p|v| / Σ p per output value on top of the f32 path's). The CUDA-core kernel it
 /// replaced (f32 everywhere) stays as a fallback, and runs whenever `out` is not 16-byte aligned.
+/// `q_row_stride`: elements from one query row to the next (0: dense), as for paged_decode_attention; out
+/// stays dense.
 void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, const std::int32_t* q_indptr,
                              const std::int32_t* q_start, int num_heads, float scale, std::uint16_t* out,
-                             void* stream);
+                             void* stream, std::int64_t q_row_stride = 0);
 
 /// Which kernel paged_prefill_attention runs, process-wide: `automatic` (the default) takes the value of the
 /// environment variable INFER_PREFILL_ATTENTION, read once — `cuda_cores` (or `fallback`), `tc64`, `tc128`;
