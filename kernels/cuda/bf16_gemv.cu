@@ -51,9 +51,7 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
   return s;
 }
 
-/// What a GEMV does with its sums: store them, SwiGLU them (pairs of a gate and an up row), or rotate and
-/// store them as RoPE and the KV-cache write would (pairs of a rotation pair's rows).
-enum class Epilogue { store, swiglu, rope };
+using gemv_split::Epilogue;
 
 /// y[m][n] = x[m]·W[n] for n < N; with swiglu (W = [gate; up], 2N rows) y[m][n] = silu(x[m]·W[n]) ·
 /// x[m]·W[N + n]; with rope, y = x·Wᵀ rotated and written to the cache as `rope` says. A row group (kSplit

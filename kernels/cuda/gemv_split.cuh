@@ -18,6 +18,11 @@
 
 namespace infer::kernels::cuda::gemv_split {
 
+/// What a GEMV does with its sums: store them, SwiGLU them (a row group owns gate row i and up row i of a
+/// stacked [gate; up] weight), or rotate and store them as RoPE and the KV-cache write would (a row group
+/// owns the two rows of a rotation pair: rope_epilogue.cuh).
+enum class Epilogue { store, swiglu, rope };
+
 constexpr int kWarps = 4;     // warps per block
 constexpr int kMaxSplit = 4;  // warps per row group at most (kWarps / kSplit groups per block)
 /// Warps a GEMV should launch: gate_up's 14,336 read at 3.96 TB/s; 2,048 read at 2.6.

@@ -182,6 +182,73 @@ TEST_CASE("cuda::fp8_gemv matches Fp8::matmul on the same codes for M = 1..8", "
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("cuda::fp8_gemv_swiglu matches Fp8::matmul followed by SwiGLU", "[cuda][fp8]") {
+  // W = [gate; up] ([2I][K], quantized per row); y[m][i] = silu(g) * u of the scaled dot products. Against
+  // Fp8::matmul's f32 g and u on the same codes and silu in double, per value:
+  //   |Δy| <= 2^-8 |y| + 1.1 e_g |u| + |silu(g)| e_u + 1e-6 |y|,
+  // e_g, e_u being fp8_gemv's accumulation bound (4·K·2^-24·A, the test above), 1.1 the largest |silu'|,
+  // 2^-8 |y| the output's rounding and 1e-6 |y| silu's own f32 arithmetic.
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  struct Shape {
+    std::int64_t I, K;
+  };
+  const Shape shapes[] = {{1, 16}, {333, 1008}, {1000, 4096}, {64, 14336}};
+  std::mt19937 rng(test_seed("cuda::fp8_gemv_swiglu"));
+  const auto& table = e4m3_table();
+  for (const Shape& s : shapes) {
+    const std::int64_t N = 2 * s.I;
+    std::vector<float> wf(static_cast<std::size_t>(N * s.K));
+    std::normal_distribution<float> d(0.0f, 0.05f);
+    for (auto& v : wf) v = d(rng);
+    const Fp8::linear<cpu> w = Fp8::quantize(wf, N, s.K);
+    test::DeviceMem dwq(w.q.size()), dws(w.scale.size() * 4);
+    upload(dwq, w.q);
+    upload(dws, w.scale);
+    for (const int M : {1, 3, 8}) {
+      INFO("M=" << M << " I=" << s.I << " K=" << s.K);
+      const auto xf = to_f32(random_bf16(static_cast<std::size_t>(M * s.K), rng));
+      std::vector<std::uint8_t> xq(xf.size());
+      std::vector<float> xs(static_cast<std::size_t>(M));
+      for (int m = 0; m < M; ++m)
+        xs[static_cast<std::size_t>(m)] = Fp8::quantize_row(
+            std::span(xf).subspan(static_cast<std::size_t>(m * s.K), static_cast<std::size_t>(s.K)), xq.data() + m * s.K);
+      std::vector<float> gu(static_cast<std::size_t>(M * N));
+      Fp8::matmul(cpu{}, w, xf.data(), M, gu.data());
+      test::DeviceMem dxq(xq.size()), dxs(xs.size() * 4), dy(static_cast<std::size_t>(M * s.I) * 2);
+      upload(dxq, xq);
+      upload(dxs, xs);
+      CUDA_REQUIRE(cudaMemset(dy.p, 0xff, static_cast<std::size_t>(M * s.I) * 2));  // NaN
+      kc::fp8_gemv_swiglu(dwq.as<std::uint8_t>(), dws.as<float>(), dxq.as<std::uint8_t>(), dxs.as<float>(), M, s.I, s.K,
+                          dy.as<std::uint16_t>(), stream);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      const auto got = to_f32(download<std::uint16_t>(dy.p, static_cast<std::size_t>(M * s.I)));
+      // e of output row n for activation row m: 4·K·2^-24·Σ_k |x̂_mk·ŵ_nk|.
+      const auto e = [&](int m, std::int64_t n) {
+        double a = 0;
+        const double sw = w.scale[static_cast<std::size_t>(n)], sx = xs[static_cast<std::size_t>(m)];
+        for (std::int64_t k = 0; k < s.K; ++k)
+          a += std::fabs(table[xq[static_cast<std::size_t>(m * s.K + k)]] * sx) *
+               std::fabs(table[w.q[static_cast<std::size_t>(n * s.K + k)]] * sw);
+        return 4.0 * static_cast<double>(s.K) * std::ldexp(1.0, -24) * a;
+      };
+      int bad = 0;
+      for (int m = 0; m < M; ++m)
+        for (std::int64_t i = 0; i < s.I; ++i) {
+          const double g = gu[static_cast<std::size_t>(m * N + i)], u = gu[static_cast<std::size_t>(m * N + s.I + i)];
+          const double silu = g / (1.0 + std::exp(-g)), want = silu * u;
+          const double bound = std::ldexp(std::fabs(want), -8) + 1.1 * e(m, i) * std::fabs(u) +
+                               std::fabs(silu) * e(m, s.I + i) + 1e-6 * std::fabs(want) + 1e-30;
+          const double have = got[static_cast<std::size_t>(m * s.I + i)];
+          if (!(std::fabs(have - want) <= bound) && ++bad <= 5)
+            FAIL_CHECK("y[" << m << "][" << i << "] = " << have << ", want " << want << " ± " << bound);
+        }
+      CHECK(bad == 0);
+    }
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("cuda::Gemm::run_e4m3 (cuBLASLt FP8, per-row scales) matches Fp8::matmul", "[cuda][fp8]") {
   // The prefill / large-batch path of Fp8 on the GPU. Bound per element as fp8_gemv's (file comment), with
   // two changes. The output is rounded to bf16 twice (the unscaled sums cuBLASLt writes, then the scaled

@@ -247,6 +247,23 @@ struct Fp8 {
       ctx.gemm->run_e4m3(codes, scales, w.q, w.scale, y, rows, w.out(), w.in(), ctx.stream);
   }
 
+  /// The optional SwiGLU hook (docs/policies.md): the stacked [gate; up] projection through the FP8 GEMV
+  /// with silu(gate)·up as its epilogue, where matmul would take the GEMV; false, having done nothing,
+  /// otherwise.
+  static bool matmul_swiglu(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
+                            std::uint16_t* y) {
+    namespace kc = kernels::cuda;
+    if (rows < 1 || rows > kc::kGemvMaxRows || w.out() % 2 != 0 || ctx.scratch == nullptr ||
+        ctx.scratch_elems * 2 < w.workspace_bytes(rows))
+      return false;
+    auto* codes = reinterpret_cast<std::uint8_t*>(ctx.scratch);
+    if (!kc::fp8_gemv_supports(w.q, codes, w.in())) return false;
+    auto* scales = reinterpret_cast<float*>(codes + w.scales_offset(rows));
+    kc::quantize_rows_e4m3(x, rows, w.in(), codes, scales, ctx.stream);
+    kc::fp8_gemv_swiglu(w.q, w.scale, codes, scales, rows, w.out() / 2, w.in(), y, ctx.stream);
+    return true;
+  }
+
   /// The optional RoPE hook (docs/policies.md): the QKV projection through the FP8 GEMV with RoPE and the
   /// KV-cache write as its epilogue, where matmul would take the GEMV (rows <= kGemvMaxRows); false, having
   /// done nothing, otherwise.
