@@ -29,7 +29,8 @@
 // actual length (split_length): a short context in a graph captured for long ones is still spread over
 // every split, instead of leaving all but the first split empty.
 //
-// Merging the splits: each block writes its partial state (max, sum, accumulator) to the workspace, then
+// Merging the splits (with decode_fusions(); else a second kernel merges them, as before 2026-12-06): each
+// block writes its partial state (max, sum, accumulator) to the workspace, then
 // takes a ticket from its (sequence, head group)'s arrival counter; the block that arrives last combines
 // every split's state and writes the output, and sets the counter back to zero for the next call. This
 // replaced a second kernel launched per layer for the merge (5.4-5.9 µs alone at batch 1, ncu on the H200
@@ -45,6 +46,7 @@
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/attention.hpp"
+#include "infer/kernels/cuda/ops.hpp"
 #include "chained_launch.cuh"
 #include "mma_bf16.cuh"
 
@@ -363,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
       }
     }
   }
-  if (p.splits == 1) return;
+  if (p.splits == 1 || p.arrivals == nullptr) return;  // no split, or paged_decode_merge_kernel merges them
 
   // The last block of this (sequence, head group) to get here merges every split (see the top of the file).
   __shared__ bool sm_last;
@@ -431,6 +433,32 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int
     const int idx = static_cast<int>(threadIdx.x) + k * kThreads, hh = idx / D, d = idx % D;
     if (hh < nh) p.out[(head0 + hh) * D + d] = f32_to_bf16(sums[hh] > 0.0f ? a[k] / sums[hh] : 0.0f);
   }
+}
+
+/// The separate merge of the splits (decode_fusions() off): one block per (head, sequence), one thread per
+/// dim, each a loop of dependent loads over the splits that hold positions.
+template <int D>
+__global__ void __launch_bounds__(D) paged_decode_merge_kernel(const DecodeParams p) {
+  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  const int h = static_cast<int>(blockIdx.x);
+  const int seq = static_cast<int>(blockIdx.y);
+  const int d = static_cast<int>(threadIdx.x);
+  const int len = min(p.lens[seq], p.max_blocks << p.block_shift);
+  const int split_len = split_length(len, p.splits);
+  const int used = len <= 0 ? 0 : min(p.splits, (len + split_len - 1) / split_len);
+  const std::size_t head = static_cast<std::size_t>(seq) * p.num_heads + h;
+  const float* ml = p.ws_ml + head * p.splits * 2;
+  const float* acc = p.ws_acc + head * p.splits * D;
+  float mx = kNegInf;
+  for (int s = 0; s < used; ++s) mx = fmaxf(mx, ml[2 * s]);
+  float sum = 0.0f, a = 0.0f;
+  for (int s = 0; s < used; ++s) {
+    const float ms = ml[2 * s];
+    const float w = ms == kNegInf ? 0.0f : exp2f(ms - mx);
+    sum = fmaf(ml[2 * s + 1], w, sum);
+    a = fmaf(acc[static_cast<std::size_t>(s) * D + d], w, a);
+  }
+  p.out[head * D + d] = f32_to_bf16(sum > 0.0f ? a / sum : 0.0f);
 }
 
 int sm_count() {
@@ -521,6 +549,9 @@ void launch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs));
   chained::launch(paged_decode_kernel<D>, grid, kThreads, 0, stream, p);
+  if (p.splits > 1 && p.arrivals == nullptr)
+    chained::launch(paged_decode_merge_kernel<D>,
+                    dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs)), D, 0, stream, p);
 }
 
 /// The workspace of a split shape: the arrival counters first, then the partials. The counters' region has
@@ -606,7 +637,8 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
       throw DeviceError(cat("cuda::paged_decode_attention: ", batch.num_seqs, " sequences of ", batch.num_kv_heads,
                               " KV heads split ", splits, " ways need more arrival counters than the ", ws.counters,
                               " the workspace holds"));
-    p.arrivals = reinterpret_cast<unsigned*>(workspace);
+    // Merged by the last block of each sequence's splits, or by a second kernel (decode_fusions()).
+    p.arrivals = decode_fusions() ? reinterpret_cast<unsigned*>(workspace) : nullptr;
     p.ws_ml = workspace + ws.counters;
     p.ws_acc = p.ws_ml + ws.ml_floats;
   }

@@ -370,7 +370,7 @@ class LlamaModel<cuda, Q, Attn> {
                                             cache.k(layer),
                                             cache.v(layer),
                                             meta.slots};
-      if (L.qkv_bias || !fused_rope(ctx, L.qkv, xn, rows, qkv, rope)) {
+      if (L.qkv_bias || !kernels::cuda::decode_fusions() || !fused_rope(ctx, L.qkv, xn, rows, qkv, rope)) {
         project(ctx, L.qkv, xn, rows, qkv);
         if (L.qkv_bias) kernels::cuda::add_bias(qkv, L.qkv_bias, T, qkvw, s);
         kernels::cuda::rope_write_kv(qkv, rope.positions, rope.inv_freq, T, rope.nq, rope.nkv, rope.hd, rope.rope_style,
