@@ -27,7 +27,7 @@
 #                                an earlier pack's bin/infer-bench-latency, unpacked there), alternating, two runs
 #                                each: a change that has no switch, measured against its parent on one machine
 #   bench/gpu_suite.sh fusions-ab  Llama-3-8B batch-1 decode, bf16 and FP8, three ways in turn: the separate kernels,
-#                                the decode fusions (INFER_DECODE_FUSIONS=1; kernels/cuda/ops.hpp), the fusions with
+#                                the step fusions (INFER_STEP_FUSIONS=1; kernels/cuda/ops.hpp), the fusions with
 #                                the GEMVs' L2 prefetch (INFER_GEMV_PREFETCH=1); two runs each
 #   bench/gpu_suite.sh prefetch-ab  Llama-3-8B batch-1 decode, bf16 and FP8, with the GEMVs' L2 weight prefetch
 #                                before their wait off and on (INFER_GEMV_PREFETCH=0, 1; gemv_split.cuh), alternating
@@ -236,12 +236,12 @@ case "${1:-}" in
       done
     done
     ;;
-  fusions-ab)  # batch-1 decode: separate kernels, the decode fusions, the fusions with the GEMVs' L2 prefetch
+  fusions-ab)  # batch-1 decode: separate kernels, the step fusions, the fusions with the GEMVs' L2 prefetch
     for spec in "bf16 1" "fp8 1" "bf16 2" "fp8 2"; do
       set -- $spec
       for k in "0 0" "1 0" "1 1"; do
         set -- $1 $2 $k
-        INFER_DECODE_FUSIONS=$3 INFER_GEMV_PREFETCH=$4 run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 \
+        INFER_STEP_FUSIONS=$3 INFER_GEMV_PREFETCH=$4 run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 \
           --batch-size 1 --input-len 512 --output-len 128 --num-iters 5 \
           --output-json "$out/latency-llama3-8b-b1-512-128-$1-fusions$3-prefetch$4-r$2.json"
       done

@@ -204,11 +204,11 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
     if (zeroed > 0) CUDA_REQUIRE(cudaMemset(own.p, 0, zeroed));
   }
   const test::DeviceMem& dws = shared ? shared->mem : own;
-  // Twice on one workspace per merge (the last block's, with decode_fusions(); the merge kernel's): the
+  // Twice on one workspace per merge (the last block's, with step_fusions(); the merge kernel's): the
   // first call must leave its counters zero for the second.
-  const bool fusions_before = kc::decode_fusions();
+  const bool fusions_before = kc::step_fusions();
   for (int call = 0; call < 4; ++call) {
-    kc::set_decode_fusions(call >= 2);
+    kc::set_step_fusions(call >= 2);
     INFO("call " << call << (call >= 2 ? ", merged by the last block" : ", merged by the merge kernel"));
     CUDA_REQUIRE(cudaMemset(dout.p, 0xff, qn * 2));
     kc::paged_decode_attention(batch, dq.as<const std::uint16_t>(), H, scale, dout.as<std::uint16_t>(),
@@ -219,7 +219,7 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
     // The decode kernel's P·V on the tensor cores takes P as two bf16 parts (hi + lo): held to the f32 bound.
     CHECK(compare(got, ref, weight, /*bf16_p=*/false) == 0);
   }
-  kc::set_decode_fusions(fusions_before);
+  kc::set_step_fusions(fusions_before);
   if (zeroed > 0) {
     std::vector<unsigned char> counters(zeroed);
     CUDA_REQUIRE(cudaMemcpy(counters.data(), dws.p, zeroed, cudaMemcpyDeviceToHost));

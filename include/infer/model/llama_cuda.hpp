@@ -370,15 +370,16 @@ class LlamaModel<cuda, Q, Attn> {
                                             cache.k(layer),
                                             cache.v(layer),
                                             meta.slots};
-      if (L.qkv_bias || !kernels::cuda::decode_fusions() || !fused_rope(ctx, L.qkv, xn, rows, qkv, rope)) {
+      if (L.qkv_bias || !kernels::cuda::step_fusions() || !fused_rope(ctx, L.qkv, xn, rows, qkv, rope)) {
         project(ctx, L.qkv, xn, rows, qkv);
         if (L.qkv_bias) kernels::cuda::add_bias(qkv, L.qkv_bias, T, qkvw, s);
         kernels::cuda::rope_write_kv(qkv, rope.positions, rope.inv_freq, T, rope.nq, rope.nkv, rope.hd, rope.rope_style,
                                      rope.k_cache, rope.v_cache, rope.slot, s);
       }
       DeviceAttentionBatch b = attention_batch(layer, &cache, sh.width);
-      if (qkvw % 8 != 0) {
-        // The attention kernels read q 16 bytes at a time: rows of another length are packed densely first.
+      if (qkvw % 8 != 0 || (sh.prefill_rows > 0 && !kernels::cuda::step_fusions())) {
+        // The attention kernels read q 16 bytes at a time: rows of another length are packed densely first
+        // (and a prefill step's q too unless step_fusions(): in place there is not yet run in an engine).
         backend::cuda::check(cudaMemcpy2DAsync(q, static_cast<std::size_t>(qs) * 2, qkv, static_cast<std::size_t>(qkvw) * 2,
                                                static_cast<std::size_t>(qs) * 2, static_cast<std::size_t>(T),
                                                cudaMemcpyDeviceToDevice, stream()),

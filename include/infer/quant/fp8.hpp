@@ -253,7 +253,7 @@ struct Fp8 {
   static bool matmul_swiglu(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
                             std::uint16_t* y) {
     namespace kc = kernels::cuda;
-    if (!kc::decode_fusions() || rows < 1 || rows > kc::kGemvMaxRows || w.out() % 2 != 0 || ctx.scratch == nullptr ||
+    if (!kc::step_fusions() || rows < 1 || rows > kc::kGemvMaxRows || w.out() % 2 != 0 || ctx.scratch == nullptr ||
         ctx.scratch_elems * 2 < w.workspace_bytes(rows))
       return false;
     auto* codes = reinterpret_cast<std::uint8_t*>(ctx.scratch);

@@ -52,16 +52,17 @@ void rope_write_kv(std::uint16_t* qkv_bf16, const std::int32_t* positions, const
                    int nq, int nkv, int hd, int rope_style, std::uint16_t* k_cache, std::uint16_t* v_cache,
                    const std::int64_t* slot, void* stream);
 
-/// Whether a decode step runs the fused epilogues of 2026-12-06 or the separate kernels they replace: the
-/// attention splits merged by their last block (else a merge kernel), RoPE and the KV-cache write in the QKV
-/// GEMV (else rope_write_kv), SwiGLU in the FP8 gate/up GEMV (else the swiglu kernel). Off unless
-/// INFER_DECODE_FUSIONS=1 (read once) or set_decode_fusions(true): they are bit-identical or within the
-/// same bounds as what they replace, but not yet measured faster (an earlier version was 3-5% slower at
-/// batch 1 on the H100). kernels/cuda/decode_fusions.cu.
-[[nodiscard]] bool decode_fusions();
-/// Sets decode_fusions() process-wide; returns the previous value. Takes effect at the next launch (a
+/// Whether a step runs the fusions of 2026-12-06 or the separate kernels and copies they replace: the decode
+/// attention's splits merged by their last block (else a merge kernel), RoPE and the KV-cache write in the
+/// QKV GEMV (else rope_write_kv), SwiGLU in the FP8 gate/up GEMV (else the swiglu kernel), and a prefill
+/// step's attention reading q in the fused QKV rows (else q is packed by a copy first). Off unless
+/// INFER_STEP_FUSIONS=1 (read once) or set_step_fusions(true): they are bit-identical or within the same
+/// bounds as what they replace, but not yet run in an engine on a GPU, and an earlier version was 3-5% slower
+/// at batch 1 on the H100 (5822b1a). kernels/cuda/step_fusions.cu.
+[[nodiscard]] bool step_fusions();
+/// Sets step_fusions() process-wide; returns the previous value. Takes effect at the next launch (a
 /// captured CUDA graph keeps what it captured). For tests and A/B runs.
-bool set_decode_fusions(bool on);
+bool set_step_fusions(bool on);
 
 /// rope_write_kv's arguments but the projection's output and T: what a QKV GEMV that fuses RoPE and the
 /// cache write as its epilogue (bf16_gemv_rope, fp8_gemv_rope) needs. Its token m is row m of the GEMV.
