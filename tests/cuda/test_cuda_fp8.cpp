@@ -52,6 +52,17 @@ std::vector<std::uint16_t> awkward_rows(std::int64_t rows, std::int64_t K, std::
   return v;
 }
 
+/// M rows of K values quantized by the CPU (Fp8::quantize_row): codes [M][K] and one scale per row.
+struct QuantizedRows {
+  std::vector<std::uint8_t> codes;
+  std::vector<float> scales;
+  QuantizedRows(const std::vector<float>& x, int M, std::int64_t K) : codes(x.size()), scales(static_cast<std::size_t>(M)) {
+    for (int m = 0; m < M; ++m)
+      scales[static_cast<std::size_t>(m)] = Fp8::quantize_row(
+          std::span(x).subspan(static_cast<std::size_t>(m * K), static_cast<std::size_t>(K)), codes.data() + m * K);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("cuda::quantize_rows_e4m3 gives Fp8::quantize_row's codes and scales bit for bit", "[cuda][fp8]") {
@@ -127,11 +138,9 @@ TEST_CASE("cuda::fp8_gemv matches Fp8::matmul on the same codes for M = 1..8", "
     for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
       INFO((tensor_cores ? "tensor cores" : "CUDA cores") << ", M=" << M << " N=" << s.N << " K=" << s.K);
       const auto xf = to_f32(random_bf16(static_cast<std::size_t>(M * s.K), rng));
-      std::vector<std::uint8_t> xq(xf.size());
-      std::vector<float> xs(static_cast<std::size_t>(M));
-      for (int m = 0; m < M; ++m)
-        xs[static_cast<std::size_t>(m)] = Fp8::quantize_row(
-            std::span(xf).subspan(static_cast<std::size_t>(m * s.K), static_cast<std::size_t>(s.K)), xq.data() + m * s.K);
+      const QuantizedRows qx(xf, M, s.K);
+      const std::vector<std::uint8_t>& xq = qx.codes;
+      const std::vector<float>& xs = qx.scales;
       std::vector<float> want(static_cast<std::size_t>(M * s.N));
       Fp8::matmul(cpu{}, w, xf.data(), M, want.data());
       test::DeviceMem dxq(xq.size()), dxs(xs.size() * 4), dy(want.size() * 2);
@@ -208,11 +217,9 @@ TEST_CASE("cuda::fp8_gemv_swiglu matches Fp8::matmul followed by SwiGLU", "[cuda
     for (const int M : {1, 3, 8}) {
       INFO("M=" << M << " I=" << s.I << " K=" << s.K);
       const auto xf = to_f32(random_bf16(static_cast<std::size_t>(M * s.K), rng));
-      std::vector<std::uint8_t> xq(xf.size());
-      std::vector<float> xs(static_cast<std::size_t>(M));
-      for (int m = 0; m < M; ++m)
-        xs[static_cast<std::size_t>(m)] = Fp8::quantize_row(
-            std::span(xf).subspan(static_cast<std::size_t>(m * s.K), static_cast<std::size_t>(s.K)), xq.data() + m * s.K);
+      const QuantizedRows qx(xf, M, s.K);
+      const std::vector<std::uint8_t>& xq = qx.codes;
+      const std::vector<float>& xs = qx.scales;
       std::vector<float> gu(static_cast<std::size_t>(M * N));
       Fp8::matmul(cpu{}, w, xf.data(), M, gu.data());
       test::DeviceMem dxq(xq.size()), dxs(xs.size() * 4), dy(static_cast<std::size_t>(M * s.I) * 2);
