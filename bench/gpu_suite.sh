@@ -34,7 +34,8 @@
 #   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores
 #                                (INFER_FP8_GEMV=tensor_cores) and on the CUDA cores (the default), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step,
-#                                bf16 and FP8, timed alone by ncu (eager), summed per kernel and per launch order
+#                                bf16 and FP8, with and without INFER_STEP_FUSIONS, timed alone by ncu (eager),
+#                                summed per kernel and per launch order
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
 #                                for the fixed seeds), each run's log in $OUT/cuda-tests-seed-N.log;
 #                                PART=ops|engines|smollm2 in the environment picks one part
@@ -265,9 +266,10 @@ case "${1:-}" in
     done
     ;;
   profile)  # each kernel's time under ncu (alone, cold caches): the 8B prefill of 2048 tokens and a decode step
-    for spec in "2048 1 prefill-2048 bf16" "512 2 decode-b1-ctx512 bf16" "512 2 decode-b1-ctx512-fp8 fp8"; do
+    for spec in "2048 1 prefill-2048 bf16 0" "512 2 decode-b1-ctx512 bf16 0" "512 2 decode-b1-ctx512-fp8 fp8 0" \
+                "512 2 decode-b1-ctx512-fused bf16 1" "512 2 decode-b1-ctx512-fp8-fused fp8 1"; do
       set -- $spec
-      run ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      INFER_STEP_FUSIONS=$5 run ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
         --log-file "$out/ncu-$3.csv" "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $4 --batch-size 1 \
         --input-len $1 --output-len $2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
       python3 bench/ncu_summary.py "$out/ncu-$3.csv" | tee "$out/ncu-$3.txt"
