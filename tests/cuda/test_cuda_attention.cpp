@@ -538,7 +538,14 @@ TEST_CASE("CUDA paged decode attention bandwidth", "[cuda][attention][.bench]") 
   // other block sizes, Llama-3-8B's batch-1 decode (one layer, 640 positions), and a large batch of short
   // contexts as in a throughput run.
   for (const int bs : {16, 8, 32}) bench_decode(64, 2048, 32, 8, 128, bs, copy_tbs);
-  bench_decode(1, 640, 32, 8, 128, 16, copy_tbs);
+  // Llama-3-8B's batch-1 step splits: its splits merged by the merge kernel, then by their last block.
+  const bool fusions = kc::step_fusions();
+  for (const bool fused : {false, true}) {
+    kc::set_step_fusions(fused);
+    std::printf("  (splits merged by %s)\n", fused ? "their last block" : "the merge kernel");
+    bench_decode(1, 640, 32, 8, 128, 16, copy_tbs);
+  }
+  kc::set_step_fusions(fusions);
   bench_decode(256, 256, 32, 8, 128, 16, copy_tbs);
   bench_decode(1024, 192, 32, 8, 128, 16, copy_tbs);  // the decode steps of 1024 x (128 in, 128 out), mid-way
   bench_decode(64, 2048, 9, 3, 64, 16, copy_tbs);  // SmolLM2's heads
