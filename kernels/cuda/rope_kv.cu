@@ -137,10 +137,8 @@ void launch(std::int64_t T, cudaStream_t s, std::uint16_t* qkv, const std::int32
                   hd, k_cache, v_cache, slot);
 }
 
-}  // namespace
-
-void check_rope_kv_write(const RopeKvWrite& r, const char* who) {
-  check_rope_shape(r, who);
+/// The pointers of a RopeKvWrite (its sizes checked already).
+void check_rope_pointers(const RopeKvWrite& r, const char* who) {
   const void* ptrs[] = {r.positions, r.inv_freq, r.slot};
   const char* names[] = {"positions", "inv_freq", "slot"};
   for (int i = 0; i < 3; ++i)
@@ -148,6 +146,13 @@ void check_rope_kv_write(const RopeKvWrite& r, const char* who) {
   if (r.nkv > 0 && (r.k_cache == nullptr || r.v_cache == nullptr))
     throw InvalidArgument(detail::cat(who, ": null ", r.k_cache == nullptr ? "k_cache" : "v_cache", " pointer with ",
                                       r.nkv, " KV heads"));
+}
+
+}  // namespace
+
+void check_rope_kv_write(const RopeKvWrite& r, const char* who) {
+  check_rope_shape(r, who);
+  check_rope_pointers(r, who);
 }
 
 void rope_write_kv(std::uint16_t* qkv_bf16, const std::int32_t* positions, const float* inv_freq, std::int64_t T,
@@ -164,7 +169,7 @@ void rope_write_kv(std::uint16_t* qkv_bf16, const std::int32_t* positions, const
                                       " values are more than one token's row of blocks can take"));
   if (T == 0 || nq + nkv == 0) return;
   if (qkv_bf16 == nullptr) throw InvalidArgument(detail::cat(who, ": null qkv pointer for ", T, " tokens"));
-  check_rope_kv_write(r, who);
+  check_rope_pointers(r, who);
   const bool vec = hd % 16 == 0 && aligned16(qkv_bf16) && (nkv == 0 || (aligned16(k_cache) && aligned16(v_cache)));
   const auto s = static_cast<cudaStream_t>(stream);
   if (rope_style == 0) {
