@@ -13,5 +13,11 @@ template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
 template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Fp8>;
 template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
                       StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Fp8>;
+template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Int8WeightOnly>;
+template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
+                      StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Int8WeightOnly>;
+template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Int4>;
+template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
+                      StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Int4>;
 
 }  // namespace infer

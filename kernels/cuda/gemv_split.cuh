@@ -1,5 +1,5 @@
 #pragma once
-// What the streaming GEMVs (bf16_gemv.cu, fp8_linear.cu) share: a row group of kSplit warps reads
+// What the streaming GEMVs (bf16_gemv.cu, fp8_linear.cu, int_linear.cu) share: a row group of kSplit warps reads
 // interleaved 512-byte slices of the same kRows weight rows, so that a short matrix still launches enough
 // warps to keep the H200's HBM busy, and the group's partial sums meet in shared memory in a fixed order.
 //
@@ -117,12 +117,29 @@ __device__ __forceinline__ std::uint16_t to_bf16(float f) {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
-/// The streaming loop of both GEMVs: thread (sub, lane) of a group reads 16-byte chunks sub·32 + lane,
+/// The activation values that meet one 16-byte chunk of weights, when they are wider than the weights:
+/// kN 16-byte chunks (int8 codes against bf16 values: 2; 4-bit codes: 4). Where the two are equally wide
+/// (bf16 against bf16, e4m3 against e4m3) the activation chunk is a plain uint4.
+template <int kN>
+struct XChunks {
+  uint4 v[kN];
+};
+__device__ __forceinline__ uint4 load_x(const uint4* p) { return __ldg(p); }
+template <int kN>
+__device__ __forceinline__ XChunks<kN> load_x(const XChunks<kN>* p) {
+  XChunks<kN> r;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) r.v[i] = __ldg(&p->v[i]);
+  return r;
+}
+
+/// The streaming loop of the GEMVs: thread (sub, lane) of a group reads 16-byte chunks sub·32 + lane,
 /// + 32·kSplit, ... of each of the group's kRows rows (`wr`), kUnroll chunks per row in flight before any
-/// arithmetic, and adds dot(weight chunk, x chunk) for each of the M rows of x (each `chunks` long) into
-/// acc[row][m]; then reduces acc across the warp by shuffles (the sums end in every lane).
-template <int M, int kRows, int kUnroll, int kSplit, class Dot>
-__device__ __forceinline__ void stream_rows(const uint4* const (&wr)[kRows], const uint4* __restrict__ x,
+/// arithmetic, and adds dot(weight chunk, x chunk, r, c) (r: the row of the group, c: the chunk's index in
+/// it) for each of the M rows of x (each `chunks` XV long) into acc[row][m]; then reduces acc across the
+/// warp by shuffles (the sums end in every lane).
+template <int M, int kRows, int kUnroll, int kSplit, class XV, class Dot>
+__device__ __forceinline__ void stream_rows(const uint4* const (&wr)[kRows], const XV* __restrict__ x,
                                             std::int64_t chunks, bool active, float (&acc)[kRows][M], Dot dot) {
   const int lane = static_cast<int>(threadIdx.x) % 32, sub = (static_cast<int>(threadIdx.x) / 32) % kSplit;
 #pragma unroll
@@ -144,9 +161,9 @@ __device__ __forceinline__ void stream_rows(const uint4* const (&wr)[kRows], con
       if (c >= chunks) break;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        const uint4 xv = __ldg(x + m * chunks + c);
+        const XV xv = load_x(x + m * chunks + c);
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r][m] += dot(wv[u][r], xv);
+        for (int r = 0; r < kRows; ++r) acc[r][m] += dot(wv[u][r], xv, r, c);
       }
     }
   }

@@ -62,7 +62,7 @@ EngineBuildReport write_engine_file(const ModelSource& src, EngineFileInfo info,
 
 #if defined(INFER_HAVE_CUDA)
 /// The cuda half of build_engine_file: `info` filled in but for quantizer_layout, which the Quantizer that
-/// `info.quantizer` names sets (auto: GgufInPlace, bf16: Bf16, fp8: Fp8).
+/// `info.quantizer` names sets (auto: GgufInPlace, bf16: Bf16, fp8: Fp8, int8: Int8WeightOnly, int4: Int4).
 EngineBuildReport build_cuda_engine_file(const ModelSource& src, EngineFileInfo info, const std::filesystem::path& out);
 #endif
 

@@ -13,9 +13,10 @@
 /// |         |          | 16> with Int8WeightOnly, Fp8, Int4                                    |
 /// | cpu     | static   | StaticEngine<cpu, kShapeAtRuntime> (the shape in EngineOptions), F32  |
 /// |         |          | or Int8WeightOnly, Fp8, Int4                                          |
-/// | cuda    | paged    | PagedEngine<cuda, 16>, quantizer auto (GgufInPlace), bf16 (Bf16) or   |
-/// |         |          | fp8 (Fp8)                                                             |
-/// | cuda    | static   | StaticEngine<cuda, kShapeAtRuntime>, quantizer auto, bf16 or fp8      |
+/// | cuda    | paged    | PagedEngine<cuda, 16>, quantizer auto (GgufInPlace), bf16 (Bf16), fp8 |
+/// |         |          | (Fp8), int8 (Int8WeightOnly) or int4 (Int4)                           |
+/// | cuda    | static   | StaticEngine<cuda, kShapeAtRuntime>, quantizer auto, bf16, fp8, int8  |
+/// |         |          | or int4                                                               |
 ///
 /// Each of these is instantiated once, in kernels/ (engines_cpu.cpp, cuda/engines_cuda.cpp), and declared
 /// `extern template` here, so a program that includes this header compiles none of them again.
@@ -200,13 +201,10 @@ inline void check_engine_choice(std::string_view backend, const LlmOptions& opti
   using detail::cat;
   if (options.engine != "paged" && options.engine != "static")
     throw InvalidArgument(cat("engine '", options.engine, "' is unknown; choose paged or static"));
-  const bool cpu_only = options.quantizer == "int8" || options.quantizer == "int4";
-  const bool paged_16 = cpu_only || options.quantizer == "fp8";  // one block size compiled for these
-  if (options.quantizer != "auto" && options.quantizer != "bf16" && options.quantizer != "fp8" && !cpu_only)
+  // One block size compiled for these.
+  const bool paged_16 = options.quantizer == "int8" || options.quantizer == "int4" || options.quantizer == "fp8";
+  if (options.quantizer != "auto" && options.quantizer != "bf16" && !paged_16)
     throw InvalidArgument(cat("quantizer '", options.quantizer, "' is unknown; choose auto, bf16, int8, fp8 or int4"));
-  if (backend == "cuda" && cpu_only)
-    throw InvalidArgument(cat("quantizer ", options.quantizer,
-                              " runs on the cpu backend only so far (its GPU kernels are not written yet)"));
   if (options.engine != "paged") return;
   if (backend == "cuda") {
     // One block size on CUDA: each engine instance adds minutes to the build, and 16 is what the kernels
@@ -235,6 +233,12 @@ decltype(auto) with_engine_type(std::string_view backend, const LlmOptions& opti
     if (options.quantizer == "fp8")
       return paged ? body.template operator()<PagedEngine<cuda, 16, Fp8>>()
                    : body.template operator()<StaticEngine<cuda, kShapeAtRuntime, Fp8>>();
+    if (options.quantizer == "int8")
+      return paged ? body.template operator()<PagedEngine<cuda, 16, Int8WeightOnly>>()
+                   : body.template operator()<StaticEngine<cuda, kShapeAtRuntime, Int8WeightOnly>>();
+    if (options.quantizer == "int4")
+      return paged ? body.template operator()<PagedEngine<cuda, 16, Int4>>()
+                   : body.template operator()<StaticEngine<cuda, kShapeAtRuntime, Int4>>();
     const bool bf16 = options.quantizer == "bf16";
     if (!paged)
       return bf16 ? body.template operator()<StaticEngine<cuda, kShapeAtRuntime, Bf16>>()
@@ -320,6 +324,12 @@ extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
 extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Fp8>;
 extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
                              StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Fp8>;
+extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Int8WeightOnly>;
+extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
+                             StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Int8WeightOnly>;
+extern template class Engine<cuda, llama, PagedBlockAllocator<16>, PriorityScheduler, PagedAttention<>, Int4>;
+extern template class Engine<cuda, llama, ContiguousAllocator<kShapeAtRuntime>,
+                             StaticBatchScheduler<kShapeAtRuntime.max_batch>, FusedContiguousAttention<>, Int4>;
 #endif
 
 }  // namespace infer

@@ -37,7 +37,7 @@ inline std::size_t parse_memory_size(const std::string& s, const std::string& wh
 struct LlmOptions {
   std::string engine = "paged";    ///< "paged" (PagedEngine) or "static" (StaticEngine of engine_options.static_shape)
   std::int32_t block_size = 16;    ///< paged engine: 8, 16 or 32 on the CPU; 16 on CUDA
-  std::string quantizer = "auto";  ///< cuda: "auto" (GGUF blocks used in place, else bf16) or "bf16"; cpu: "auto" (f32), "int8" (Int8WeightOnly), "fp8" (Fp8) or "int4" (Int4)
+  std::string quantizer = "auto";  ///< "int8" (Int8WeightOnly), "fp8" (Fp8) or "int4" (Int4) on either backend; cuda: "auto" (GGUF blocks used in place, else bf16) or "bf16"; cpu: "auto" (f32)
   EngineOptions engine_options;
   std::string chat_template;       ///< a built-in template (chatml, llama3, llama3.1, mistral) instead of the model's
   bool progress = true;            ///< draw a progress bar when stderr is a terminal

@@ -19,6 +19,15 @@
 /// 0, 15): every value within s / 2. A group of zeros has s = 0.
 /// matmul decodes tiles of rows to f32 (quant/tiled_gemm.hpp): exactly x · (s·(q − z))ᵀ in f32.
 /// The LM head is kept out of INT4 (quant/kept_head.hpp) unless the checkpoint packed it.
+///
+/// On the cuda backend (kernels/cuda/int_linear.hpp) the codes are packed two to a byte in the weight
+/// arena, with an f32 (scale, zero) pair per group. A checkpoint's weight (GPTQ, AWQ, GGUF Q4_0/Q4_1) is
+/// decoded by the CPU load above and packed; any other weight is decoded to f32 on the device and quantized
+/// there, bit for bit as quantize() does. Groups are consecutive inputs, a multiple of 32 long: a GPTQ
+/// checkpoint with act-order (a g_idx that reorders inputs) is refused on the GPU. Weights stacked into one
+/// (qkv, gate_up) share the smallest of their group sizes (a coarser part's pairs repeated). matmul runs
+/// the INT4 GEMV up to kGemvMaxRows rows and, above, dequantizes to bf16 in the step's scratch for the bf16
+/// GEMM. The GPU's LM head is the decoder's bf16 head, as for every quantizer on the GPU.
 
 #include <algorithm>
 #include <array>
@@ -39,11 +48,17 @@
 #include "infer/quant/linear_request.hpp"
 #include "infer/quant/tiled_gemm.hpp"
 
+#if defined(INFER_HAVE_CUDA)
+#include "infer/backend/weight_store.hpp"
+#include "infer/kernels/cuda/gemm.hpp"
+#include "infer/kernels/cuda/int_linear.hpp"
+#endif
+
 namespace infer {
 
 namespace detail {
 
-/// Left undefined for backends not implemented yet, so `Quantizer<Int4, cuda>` is false.
+/// The weight as a backend holds it: cpu here, cuda below.
 template <class B>
 struct Int4Linear;
 
@@ -93,6 +108,41 @@ struct Int4Linear<cpu> : KeptHead {
     return true;
   }
 };
+
+#if defined(INFER_HAVE_CUDA)
+/// Codes [out][in / 2] (code i of a row in byte i / 2, bits 4·(i % 2)) and (scale, zero) f32 pairs
+/// [out][in / group_size], in the CUDA weight arena.
+template <>
+struct Int4Linear<cuda> {
+  const std::uint8_t* codes = nullptr;
+  const float* scale_zero = nullptr;
+  std::int64_t out_features = 0, in_features = 0, group_size = 0;
+
+  [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
+  [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
+  [[nodiscard]] std::int64_t groups() const noexcept { return group_size > 0 ? in_features / group_size : 0; }
+  /// Whether its arrays are there and its shape is one the kernels take.
+  [[nodiscard]] bool consistent() const noexcept {
+    return codes != nullptr && scale_zero != nullptr && out_features > 0 &&
+           kernels::cuda::int4_shape_supported(in_features, group_size);
+  }
+  /// Its sizes and its place in the weight arena, for an engine file (io/engine_file.hpp's arena visitors).
+  template <class Self, class V>
+  static void visit_arena(Self& self, const V& v) {
+    v.scalar("out", self.out_features);
+    v.scalar("in", self.in_features);
+    v.scalar("group_size", self.group_size);
+    const auto out = static_cast<std::size_t>(std::max<std::int64_t>(self.out_features, 0));
+    v.pointer("codes", self.codes, out * static_cast<std::size_t>(std::max<std::int64_t>(self.in_features, 0)) / 2);
+    v.pointer("scale_zero", self.scale_zero,
+              out * static_cast<std::size_t>(std::max<std::int64_t>(self.groups(), 0)) * 2 * sizeof(float));
+  }
+  /// bf16 scratch values a matmul above kGemvMaxRows rows needs: the weight dequantized for the GEMM.
+  [[nodiscard]] std::size_t scratch_elems() const noexcept {
+    return static_cast<std::size_t>(out_features * in_features);
+  }
+};
+#endif
 
 }  // namespace detail
 
@@ -201,7 +251,7 @@ struct Int4 {
   /// for `qweight` without its companions.
   template <class B>
   static linear<B> load(const LinearRequest& r, cpu = {}) {
-    static_assert(std::is_same_v<B, cpu>, "infer::Int4::load: only the cpu backend is implemented so far");
+    static_assert(std::is_same_v<B, cpu>, "infer::Int4::load: this overload loads for the cpu backend");
     const auto packed = r.companion("qweight");
     if (!packed && r.lm_head) return detail::KeptHead::keep<linear<B>>(r);
     if (!packed) {
@@ -280,6 +330,130 @@ struct Int4 {
     return l;
   }
 
+#if defined(INFER_HAVE_CUDA)
+  /// The weight of `r` in the arena (see the file's comment). Errors as the CPU load, and InvalidArgument
+  /// for a shape the GPU kernels do not take (inputs or group not a multiple of 32, act-order).
+  template <class B>
+  static linear<B> load(const LinearRequest& r, CudaWeightStore& store) {
+    return load_stacked<B>(std::span<const LinearRequest>(&r, 1), store);
+  }
+
+  /// Several weights of one input stacked into one (q, k, v → qkv; gate, up → gate_up), in the smallest
+  /// of their group sizes; InvalidArgument when one part's group size is not a multiple of it.
+  template <class B>
+  static linear<B> load_stacked(std::span<const LinearRequest> parts, CudaWeightStore& store) {
+    static_assert(std::is_same_v<B, cuda>);
+    require<InvalidArgument>(!parts.empty(), "Int4 on cuda: no weights to stack");
+    linear<B> l;
+    l.in_features = parts[0].in;
+    for (const LinearRequest& r : parts) {
+      require<InvalidArgument>(r.in == l.in_features, "Int4 on cuda: '", r.role, "' has ", r.in, " inputs, '",
+                               parts[0].role, "' ", l.in_features, "; stacked weights share their input");
+      const std::int64_t g = source_group(r);
+      require<InvalidArgument>(kernels::cuda::int4_shape_supported(r.in, g), "Int4 on cuda: '", r.role, "' has ", r.in,
+                               " inputs in groups of ", g, "; the INT4 kernels need multiples of 32");
+      l.group_size = l.group_size == 0 ? g : std::min(l.group_size, g);
+      l.out_features += r.out;
+    }
+    for (const LinearRequest& r : parts)
+      require<InvalidArgument>(source_group(r) % l.group_size == 0, "Int4 on cuda: '", r.role, "' in groups of ",
+                               source_group(r), " cannot be stacked with groups of ", l.group_size);
+    const auto pairs = static_cast<std::size_t>(l.out_features * l.groups()) * 2;
+    auto* codes = static_cast<std::uint8_t*>(store.allocate(static_cast<std::size_t>(l.out_features * l.in_features) / 2));
+    auto* scale_zero = static_cast<float*>(store.allocate(pairs * sizeof(float)));
+    l.codes = codes;
+    l.scale_zero = scale_zero;
+    for (const LinearRequest& r : parts) {
+      load_rows(r, l.group_size, store, codes, scale_zero);
+      if (codes != nullptr) {
+        codes += r.out * r.in / 2;
+        scale_zero += r.out * l.groups() * 2;
+      }
+    }
+    return l;
+  }
+
+  /// y[rows][w.out()] (bf16) = x · (s·(q − z))ᵀ: the INT4 GEMV up to kGemvMaxRows rows, else the weight
+  /// dequantized to bf16 in ctx's scratch and the bf16 GEMM.
+  static void matmul(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
+                     std::uint16_t* y) {
+    namespace kc = kernels::cuda;
+    if (rows <= kc::kGemvMaxRows && reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
+      kc::int4_gemv(w.codes, w.scale_zero, w.group_size, x, rows, w.out(), w.in(), y, ctx.stream);
+      return;
+    }
+    require<InvalidArgument>(ctx.scratch != nullptr && ctx.scratch_elems >= w.scratch_elems(), "Int4 matmul of ", rows,
+                             " rows of [", w.out(), ", ", w.in(), "] needs ", w.scratch_elems(),
+                             " bf16 values of scratch; the context has ", ctx.scratch_elems);
+    kc::dequantize_int4_bf16(w.codes, w.scale_zero, w.group_size, w.out(), w.in(), ctx.scratch, ctx.stream);
+    ctx.gemm->run(x, ctx.scratch, y, rows, w.out(), w.in(), ctx.stream);
+  }
+
+ private:
+  /// The group size r's weight comes in, read from the file's shapes without decoding anything: a packed
+  /// checkpoint's (from its `scales`), 32 for GGUF Q4_0/Q4_1 blocks, else what quantize() uses.
+  static std::int64_t source_group(const LinearRequest& r) {
+    if (const auto scales = r.companion("scales"); scales && r.companion("qweight") && scales->shape.size() == 2 &&
+                                                   scales->shape[0] > 0 && r.in % static_cast<std::int64_t>(scales->shape[0]) == 0)
+      return r.in / static_cast<std::int64_t>(scales->shape[0]);
+    if (!r.companion("qweight")) {
+      const WeightTensor t = r.checked_weight();
+      if (!t.dummy && (t.type == DType::q4_0 || t.type == DType::q4_1)) return 32;
+    }
+    return group_size_for(r.in);
+  }
+
+  /// r's rows, in groups of `group` (a divisor of its own), into `codes` and `scale_zero`; both null in the
+  /// measuring pass, which still checks what can be checked without decoding.
+  static void load_rows(const LinearRequest& r, std::int64_t group, CudaWeightStore& store, std::uint8_t* codes,
+                        float* scale_zero) {
+    const bool checkpoint = r.companion("qweight").has_value();
+    if (const auto g_idx = r.companion("g_idx"); checkpoint && g_idx) {
+      // Act-order reorders the inputs among the groups; the kernels read groups of consecutive inputs.
+      const std::int64_t source = source_group(r);
+      bool consecutive = g_idx->type == DType::int32 && g_idx->data.size() == static_cast<std::size_t>(r.in) * 4;
+      for (std::int64_t i = 0; consecutive && i < r.in; ++i) {
+        std::int32_t v;
+        std::memcpy(&v, g_idx->data.data() + i * 4, 4);
+        consecutive = v == i / source;
+      }
+      require<InvalidArgument>(consecutive, "Int4 on cuda: '", r.role, "' is a GPTQ checkpoint with act-order ('",
+                               g_idx->name, "' puts inputs out of order among the groups); the GPU kernels take groups "
+                               "of consecutive inputs only (requantize without desc_act, or use --backend cpu)");
+    }
+    const WeightTensor t = checkpoint ? WeightTensor{} : r.checked_weight();
+    const bool gguf_q4 = !checkpoint && !t.dummy && (t.type == DType::q4_0 || t.type == DType::q4_1);
+    if (codes == nullptr) return;
+    if (!checkpoint && !gguf_q4) {
+      float* values = store.f32_scratch(static_cast<std::size_t>(r.out * r.in));
+      store.store_f32(values, t);
+      kernels::cuda::quantize_groups_int4(values, r.out, r.in, group, codes, scale_zero, store.stream_handle());
+      return;
+    }
+    // Decoded on the host by the CPU load, then packed: codes two to a byte, each group's pair repeated for
+    // each of `group`'s groups it covers.
+    const linear<cpu> c = load<cpu>(r);
+    const std::int64_t groups = r.in / group, per = c.group_size / group;
+    std::vector<std::uint8_t> packed(static_cast<std::size_t>(r.out * r.in / 2));
+    std::vector<float> pairs(static_cast<std::size_t>(r.out * groups * 2));
+    for (std::int64_t o = 0; o < r.out; ++o) {
+      for (std::int64_t i = 0; i < r.in; i += 2) {
+        const std::uint8_t* q = c.q.data() + o * r.in + i;
+        packed[static_cast<std::size_t>((o * r.in + i) / 2)] = static_cast<std::uint8_t>(q[0] | (q[1] << 4));
+      }
+      for (std::int64_t g = 0; g < groups; ++g) {
+        const auto k = static_cast<std::size_t>(o * c.groups + g / per);
+        pairs[static_cast<std::size_t>((o * groups + g) * 2)] = c.scale[k];
+        pairs[static_cast<std::size_t>((o * groups + g) * 2 + 1)] = c.zero[k];
+      }
+    }
+    store.copy_host(codes, packed.data(), packed.size());
+    store.copy_host(scale_zero, pairs.data(), pairs.size() * sizeof(float));
+  }
+
+ public:
+#endif
+
   /// y[rows][w.out()] = x[rows][w.in()] · (s·(q − z))ᵀ (· denseᵀ for a kept head).
   static void matmul(cpu, const linear<cpu>& w, const float* x, std::int32_t rows, float* y) {
     if (w.dense_matmul(w.out(), w.in(), x, rows, y)) return;
@@ -317,5 +491,9 @@ struct Int4 {
 
 static_assert(Quantizer<Int4, cpu>);
 static_assert(RoleQuantizer<Int4, cpu>);
+#if defined(INFER_HAVE_CUDA)
+static_assert(Quantizer<Int4, cuda>);
+static_assert(RoleQuantizer<Int4, cuda>);
+#endif
 
 }  // namespace infer

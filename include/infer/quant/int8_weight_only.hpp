@@ -13,6 +13,12 @@
 /// matmul dequantizes a tile of rows at a time into f32 and multiplies it through the CPU GEMM
 /// (quant/tiled_gemm.hpp), so it computes exactly x · (q·s)ᵀ in f32 without ever holding the f32 matrix.
 /// The LM head is kept out of INT8 (quant/kept_head.hpp) unless the checkpoint holds it in INT8.
+///
+/// On the cuda backend (kernels/cuda/int_linear.hpp) the codes and scales live in the weight arena: a
+/// checkpoint's as they are, any other weight decoded to f32 on the device and quantized there, bit for
+/// bit as quantize() does. matmul runs the INT8 GEMV (bf16 activations, f32 sums) up to kGemvMaxRows rows
+/// and, above, dequantizes to bf16 in the step's scratch for the bf16 GEMM. The GPU's LM head is the
+/// decoder's bf16 head, as for every quantizer on the GPU. K must be a multiple of 16.
 
 #include <algorithm>
 #include <cmath>
@@ -31,11 +37,17 @@
 #include "infer/quant/per_row_linear.hpp"
 #include "infer/quant/tiled_gemm.hpp"
 
+#if defined(INFER_HAVE_CUDA)
+#include "infer/backend/weight_store.hpp"
+#include "infer/kernels/cuda/gemm.hpp"
+#include "infer/kernels/cuda/int_linear.hpp"
+#endif
+
 namespace infer {
 
 namespace detail {
 
-/// Left undefined for backends not implemented yet, so `Quantizer<Int8WeightOnly, cuda>` is false.
+/// The weight as a backend holds it: cpu here, cuda below.
 template <class B>
 struct Int8Linear;
 
@@ -48,6 +60,37 @@ struct Int8Linear<cpu> : PerRowLinear<std::int8_t> {
     return static_cast<float>(q[static_cast<std::size_t>(o * in_features + i)]) * scale[static_cast<std::size_t>(o)];
   }
 };
+
+#if defined(INFER_HAVE_CUDA)
+/// int8 codes [out][in] and one f32 scale per output row, in the CUDA weight arena.
+template <>
+struct Int8Linear<cuda> {
+  const std::int8_t* q = nullptr;
+  const float* scale = nullptr;
+  std::int64_t out_features = 0;
+  std::int64_t in_features = 0;
+
+  [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
+  [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
+  /// Whether its arrays are there (an engine file's offsets were placed).
+  [[nodiscard]] bool consistent() const noexcept {
+    return q != nullptr && scale != nullptr && out_features > 0 && in_features > 0;
+  }
+  /// Its sizes and its place in the weight arena, for an engine file (io/engine_file.hpp's arena visitors).
+  template <class Self, class V>
+  static void visit_arena(Self& self, const V& v) {
+    v.scalar("out", self.out_features);
+    v.scalar("in", self.in_features);
+    const auto out = static_cast<std::size_t>(std::max<std::int64_t>(self.out_features, 0));
+    v.pointer("q", self.q, out * static_cast<std::size_t>(std::max<std::int64_t>(self.in_features, 0)));
+    v.pointer("scale", self.scale, out * sizeof(float));
+  }
+  /// bf16 scratch values a matmul above kGemvMaxRows rows needs: the weight dequantized for the GEMM.
+  [[nodiscard]] std::size_t scratch_elems() const noexcept {
+    return static_cast<std::size_t>(out_features * in_features);
+  }
+};
+#endif
 
 }  // namespace detail
 
@@ -89,7 +132,7 @@ struct Int8WeightOnly {
   /// FormatError for a weight or scale of the wrong shape, NotFoundError for INT8 without its scale.
   template <class B>
   static linear<B> load(const LinearRequest& r, cpu = {}) {
-    static_assert(std::is_same_v<B, cpu>, "infer::Int8WeightOnly::load: only the cpu backend is implemented so far");
+    static_assert(std::is_same_v<B, cpu>, "infer::Int8WeightOnly::load: this overload loads for the cpu backend");
     const WeightTensor t = r.checked_weight();
     const auto n = static_cast<std::size_t>(r.out * r.in);
     if (t.type != DType::int8 && r.lm_head) return detail::KeptHead::keep<linear<B>>(r);
@@ -98,10 +141,6 @@ struct Int8WeightOnly {
       dequantize_to_f32(t, w);
       return quantize(w, r.out, r.in);
     }
-    const WeightTensor s = r.require_companion("weight_scale", name);
-    const bool column = s.shape.size() == 1 || (s.shape.size() == 2 && s.shape[1] == 1);
-    if (!column || s.shape[0] != static_cast<std::uint64_t>(r.out))
-      r.wrong_shape(s, detail::cat("[", r.out, "] or [", r.out, ", 1] (one scale per output row)"));
     linear<B> l;
     l.out_features = r.out;
     l.in_features = r.in;
@@ -109,10 +148,95 @@ struct Int8WeightOnly {
     require<FormatError>(t.data.size() == n, name, ": tensor '", t.name, "' holds ", t.data.size(), " bytes for ", n,
                          " int8 values");
     std::memcpy(l.q.data(), t.data.data(), n);
-    l.scale.resize(static_cast<std::size_t>(r.out));
-    dequantize_to_f32(s, l.scale);
+    l.scale = checkpoint_scales(r);
     return l;
   }
+
+  /// An INT8 checkpoint's `weight_scale` for `r`, one value per output row. FormatError for a scale of the
+  /// wrong shape, NotFoundError when it is missing.
+  static std::vector<float> checkpoint_scales(const LinearRequest& r) {
+    const WeightTensor s = r.require_companion("weight_scale", name);
+    const bool column = s.shape.size() == 1 || (s.shape.size() == 2 && s.shape[1] == 1);
+    if (!column || s.shape[0] != static_cast<std::uint64_t>(r.out))
+      r.wrong_shape(s, detail::cat("[", r.out, "] or [", r.out, ", 1] (one scale per output row)"));
+    std::vector<float> scales(static_cast<std::size_t>(r.out));
+    dequantize_to_f32(s, scales);
+    return scales;
+  }
+
+#if defined(INFER_HAVE_CUDA)
+  /// The weight of `r` in the arena: an INT8 checkpoint's codes and scales as they are; any other weight
+  /// decoded to f32 on the device and quantized per row there. Errors as the CPU load, and InvalidArgument
+  /// for an input width that is not a multiple of 16 (the INT8 GEMV's unit).
+  template <class B>
+  static linear<B> load(const LinearRequest& r, CudaWeightStore& store) {
+    return load_stacked<B>(std::span<const LinearRequest>(&r, 1), store);
+  }
+
+  /// Several weights of one input stacked into one (q, k, v → qkv; gate, up → gate_up), each loaded as
+  /// load() loads it: rows and their scales are independent, so stacking is placing them one after another.
+  template <class B>
+  static linear<B> load_stacked(std::span<const LinearRequest> parts, CudaWeightStore& store) {
+    static_assert(std::is_same_v<B, cuda>);
+    require<InvalidArgument>(!parts.empty(), "Int8WeightOnly on cuda: no weights to stack");
+    linear<B> l;
+    l.in_features = parts[0].in;
+    for (const LinearRequest& r : parts) {
+      require<InvalidArgument>(r.in % 16 == 0, "Int8WeightOnly on cuda: '", r.role, "' has ", r.in,
+                               " inputs; the INT8 GEMV needs a multiple of 16");
+      require<InvalidArgument>(r.in == l.in_features, "Int8WeightOnly on cuda: '", r.role, "' has ", r.in,
+                               " inputs, '", parts[0].role, "' ", l.in_features, "; stacked weights share their input");
+      l.out_features += r.out;
+    }
+    auto* q = static_cast<std::int8_t*>(store.allocate(static_cast<std::size_t>(l.out_features * l.in_features)));
+    auto* scale = static_cast<float*>(store.allocate(static_cast<std::size_t>(l.out_features) * sizeof(float)));
+    l.q = q;
+    l.scale = scale;
+    for (const LinearRequest& r : parts) {
+      load_rows(r, store, q, scale);
+      if (q != nullptr) {
+        q += r.out * r.in;
+        scale += r.out;
+      }
+    }
+    return l;
+  }
+
+  /// r's rows into `q` and `scale`; both null in the measuring pass, which still checks what can be checked
+  /// without the device.
+  static void load_rows(const LinearRequest& r, CudaWeightStore& store, std::int8_t* q, float* scale) {
+    const WeightTensor t = r.checked_weight();
+    if (t.type == DType::int8) {
+      const std::vector<float> s = checkpoint_scales(r);  // checked even while measuring
+      require<FormatError>(t.data.size() == static_cast<std::size_t>(r.out * r.in), name, ": tensor '", t.name,
+                           "' holds ", t.data.size(), " bytes for ", r.out * r.in, " int8 values");
+      if (q == nullptr) return;
+      store.copy_bytes(q, t);
+      store.copy_host(scale, s.data(), s.size() * sizeof(float));
+      return;
+    }
+    if (q == nullptr) return;
+    float* values = store.f32_scratch(static_cast<std::size_t>(r.out * r.in));
+    store.store_f32(values, t);
+    kernels::cuda::quantize_rows_int8(values, r.out, r.in, q, scale, store.stream_handle());
+  }
+
+  /// y[rows][w.out()] (bf16) = x · (q·s)ᵀ: the INT8 GEMV up to kGemvMaxRows rows, else the weight
+  /// dequantized to bf16 in ctx's scratch and the bf16 GEMM.
+  static void matmul(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
+                     std::uint16_t* y) {
+    namespace kc = kernels::cuda;
+    if (rows <= kc::kGemvMaxRows && kc::int8_gemv_supports(w.q, x, w.in())) {
+      kc::int8_gemv(w.q, w.scale, x, rows, w.out(), w.in(), y, ctx.stream);
+      return;
+    }
+    require<InvalidArgument>(ctx.scratch != nullptr && ctx.scratch_elems >= w.scratch_elems(), "Int8WeightOnly matmul of ",
+                             rows, " rows of [", w.out(), ", ", w.in(), "] needs ", w.scratch_elems(),
+                             " bf16 values of scratch; the context has ", ctx.scratch_elems);
+    kc::dequantize_int8_bf16(w.q, w.scale, w.out(), w.in(), ctx.scratch, ctx.stream);
+    ctx.gemm->run(x, ctx.scratch, y, rows, w.out(), w.in(), ctx.stream);
+  }
+#endif
 
   /// y[rows][w.out()] = x[rows][w.in()] · (q·s)ᵀ.
   static void matmul(cpu, const linear<cpu>& w, const float* x, std::int32_t rows, float* y) {
@@ -130,5 +254,9 @@ struct Int8WeightOnly {
 
 static_assert(Quantizer<Int8WeightOnly, cpu>);
 static_assert(RoleQuantizer<Int8WeightOnly, cpu>);
+#if defined(INFER_HAVE_CUDA)
+static_assert(Quantizer<Int8WeightOnly, cuda>);
+static_assert(RoleQuantizer<Int8WeightOnly, cuda>);
+#endif
 
 }  // namespace infer

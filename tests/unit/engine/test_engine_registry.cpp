@@ -71,14 +71,16 @@ TEST_CASE("ModelSpec refuses combinations that cannot load, naming the flag") {
   CHECK_THROWS_WITH(make_engine(ModelSpec{.model = model}, bf16_on_cpu), Catch::Contains("cuda backend option"));
   LlmOptions int8 = small_options();
   int8.quantizer = "int8";
-  CHECK_THROWS_WITH(check_engine_choice("cuda", int8), Catch::Contains("cpu backend only"));
+  CHECK_NOTHROW(check_engine_choice("cuda", int8));  // Int8WeightOnly has its GPU kernels (kernels/cuda/int_linear.cu)
   int8.block_size = 8;
   CHECK_THROWS_WITH(check_engine_choice("cpu", int8), Catch::Contains("block_size 16"));
   int8.quantizer = "int3";
   CHECK_THROWS_WITH(check_engine_choice("cpu", int8), Catch::Contains("choose auto, bf16, int8, fp8 or int4"));
   int8.quantizer = "int4";
   int8.block_size = 16;
-  CHECK_THROWS_WITH(check_engine_choice("cuda", int8), Catch::Contains("quantizer int4 runs on the cpu backend only"));
+  CHECK_NOTHROW(check_engine_choice("cuda", int8));  // and so has Int4
+  int8.block_size = 32;
+  CHECK_THROWS_WITH(check_engine_choice("cuda", int8), Catch::Contains("block_size 16"));
   LlmOptions fp8 = small_options();
   fp8.quantizer = "fp8";
   CHECK_NOTHROW(check_engine_choice("cuda", fp8));  // Fp8 has its GPU kernels (kernels/cuda/fp8_linear.cu)
