@@ -31,6 +31,8 @@
 #                                the GEMVs' L2 prefetch (INFER_GEMV_PREFETCH=1); two runs each
 #   bench/gpu_suite.sh prefetch-ab  Llama-3-8B batch-1 decode, bf16 and FP8, with the GEMVs' L2 weight prefetch
 #                                before their wait off and on (INFER_GEMV_PREFETCH=0, 1; gemv_split.cuh), alternating
+#   bench/gpu_suite.sh quantizers  Llama-3-8B batch-1 decode (512 + 128) with each quantizer the GPU runs: bf16,
+#                                fp8, int8, int4, in turn, two runs each
 #   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores
 #                                (INFER_FP8_GEMV=tensor_cores) and on the CUDA cores (the default), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step,
@@ -234,6 +236,14 @@ case "${1:-}" in
         if [ $which = base ]; then b=$base/bin; else b=$bin; fi
         INFER_FP8_GEMV=cuda_cores run "$b"/infer-bench-latency --dummy llama3-8b --quantizer $1 --batch-size 1 \
           --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-$which-r$2.json"
+      done
+    done
+    ;;
+  quantizers)  # batch-1 decode with each quantizer, in turn, two runs each
+    for r in 1 2; do
+      for q in bf16 fp8 int8 int4; do
+        run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $q --batch-size 1 --input-len 512 --output-len 128 \
+          --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$q-r$r.json"
       done
     done
     ;;

@@ -44,7 +44,7 @@ struct ModelFlags {
   ModelSpec spec{.backend = "auto"};  ///< --model or --dummy, --backend (cpu, cuda, or auto: the GPU when present)
   std::string engine = "paged";     ///< paged, or static (StaticEngine of `shape`)
   Shape shape = default_static_shape;  ///< the static engine's slots
-  std::string quantizer = "auto";  ///< cuda: auto (GGUF blocks in place) or bf16; cpu: auto (f32), int8, fp8 or int4
+  std::string quantizer = "auto";  ///< int8, fp8 or int4 on either backend; cuda: auto (GGUF blocks in place) or bf16; cpu: auto (f32)
   bool enforce_eager = false;
   double gpu_memory_utilization = 0.9;
   std::int32_t max_model_len = 0;
@@ -59,7 +59,7 @@ struct ModelFlags {
     app.add_option("--engine", engine, "paged (vLLM's way) or static (TensorRT-LLM's way: fixed slots)")
         ->check(CLI::IsMember({"paged", "static"}));
     programs::add_shape_flags(app, shape);
-    app.add_option("--quantizer", quantizer, "cuda: auto (GGUF blocks used in place) or bf16 (everything bf16); cpu: auto (f32), int8 (W8A16), fp8 (W8A8) or int4 (W4A16)")
+    app.add_option("--quantizer", quantizer, "int8 (W8A16), fp8 (W8A8) or int4 (W4A16) on either backend; cuda: auto (GGUF blocks used in place) or bf16 (everything bf16); cpu: auto (f32)")
         ->check(CLI::IsMember({"auto", "bf16", "int8", "fp8", "int4"}));
     app.add_flag("--enforce-eager", enforce_eager, "cuda: run every step eagerly (no CUDA graphs)");
     app.add_option("--gpu-memory-utilization", gpu_memory_utilization, "cuda: fraction of device memory to use")

@@ -27,8 +27,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"paged", "static"}))
       ->capture_default_str();
   app.add_option("--block-size", opt.block_size, "paged engine: tokens per KV block (8, 16, 32)")->capture_default_str();
-  app.add_option("--quantizer", opt.quantizer, "cpu: auto (f32), int8 (W8A16 per channel), fp8 (W8A8 e4m3) or int4 (W4A16, groups of 128); "
-                 "cuda: auto (GGUF blocks kept), bf16 or fp8")
+  app.add_option("--quantizer", opt.quantizer, "int8 (W8A16 per channel), fp8 (W8A8 e4m3) or int4 (W4A16, groups of 128) on either "
+                 "backend; cpu: auto (f32); cuda: auto (GGUF blocks kept) or bf16")
       ->check(CLI::IsMember({"auto", "bf16", "int8", "fp8", "int4"}))
       ->capture_default_str();
   infer::programs::add_shape_flags(app, opt.engine_options.static_shape);

@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   infer::programs::add_model_flags(app, spec);
   infer::programs::EngineFileFlags engine_file;
   infer::programs::add_engine_file_flags(app, engine_file);
-  app.add_option("--quantizer", opt.quantizer, "cuda: auto (GGUF blocks used in place), bf16 or fp8 (W8A8 e4m3); cpu: auto (f32), int8 (W8A16 per channel), fp8 or int4 (W4A16, groups of 128)")
+  app.add_option("--quantizer", opt.quantizer, "int8 (W8A16 per channel), fp8 (W8A8 e4m3) or int4 (W4A16, groups of 128) on either backend; cuda: auto (GGUF blocks used in place) or bf16; cpu: auto (f32)")
       ->check(CLI::IsMember({"auto", "bf16", "int8", "fp8", "int4"}));
   app.add_option("--gpu-memory-utilization", opt.engine_options.gpu_memory_utilization,
                  "cuda: fraction of the device this engine may use (weights, activations, KV cache)")

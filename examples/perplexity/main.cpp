@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   app.add_option("--context", context, "tokens per window")->capture_default_str();
   app.add_option("--stride", stride, "tokens between window starts (default: half the context)");
   app.add_option("--limit", limit, "score only the text's first N tokens (0: all)");
-  app.add_option("--quantizer", opt.quantizer, "cuda: auto, bf16 or fp8; cpu: auto (f32), int8, fp8 or int4")
+  app.add_option("--quantizer", opt.quantizer, "int8, fp8 or int4 on either backend; cuda: auto or bf16; cpu: auto (f32)")
       ->check(CLI::IsMember({"auto", "bf16", "int8", "fp8", "int4"}));
   app.add_option("--engine", opt.engine, "paged or static")->check(CLI::IsMember({"paged", "static"}));
   app.add_option("--kv-cache-memory", kv_memory, "KV cache size, e.g. 512M, 2G");
