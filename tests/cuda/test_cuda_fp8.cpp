@@ -7,7 +7,7 @@
 // fp8_gemv against Fp8::matmul on the same codes (x quantized by the CPU from the same bf16 values), per
 // element, with A = Σ_k |x̂_mk·ŵ_nk| (x̂, ŵ the decoded, scaled values):
 //   |got − ref| ≤ 2^-8·|ref| + 2·2·K·2^-24·A
-// 2^-8: the bf16 output's rounding (≤ 2^-9, doubled for slack). Each product of two e4m3 codes is exact in
+// 2^-8: the bf16 output's rounding (8 significant bits, to nearest: at most 2^-8 of the value). Each product of two e4m3 codes is exact in
 // f32; the CPU multiplies pre-scaled values (two more roundings per term, 2^-24 each) and both sides sum K
 // f32 terms in different orders (≤ K·2^-24·A each): 2·K·2^-24·A, doubled for the scaling. Its tensor-core
 // kernel (INFER_FP8_GEMV=tensor_cores) adds 2^-13·A: Hopper's FP8 tensor cores add with ~14 significant bits
@@ -259,7 +259,7 @@ TEST_CASE("cuda::fp8_gemv_swiglu matches Fp8::matmul followed by SwiGLU", "[cuda
 TEST_CASE("cuda::Gemm::run_e4m3 (cuBLASLt FP8, per-row scales) matches Fp8::matmul", "[cuda][fp8]") {
   // The prefill / large-batch path of Fp8 on the GPU. Bound per element as fp8_gemv's (file comment), with
   // two changes. The output is rounded to bf16 twice (the unscaled sums cuBLASLt writes, then the scaled
-  // values: run_e4m3's comment), so 2^-7·|ref| instead of 2^-8 (≤ 2^-9 each, doubled for slack). And
+  // values: run_e4m3's comment), so 2^-7·|ref| instead of 2^-8 (≤ 2^-8 each). And
   // 2^-13·A: Hopper's FP8 tensor cores accumulate with ~14 significant bits (DeepSeek-V3's report, §3.3.2)
   // between cuBLASLt's promotions to f32 (fast accumulation is left off), so each promoted partial sum
   // carries up to ~2^-14 of its terms' absolute sum; doubled for slack.

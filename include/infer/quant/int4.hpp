@@ -20,8 +20,9 @@
 /// matmul decodes tiles of rows to f32 (quant/tiled_gemm.hpp): exactly x · (s·(q − z))ᵀ in f32.
 /// The LM head is kept out of INT4 (quant/kept_head.hpp) unless the checkpoint packed it.
 ///
-/// On the cuda backend (kernels/cuda/int_linear.hpp) the codes are packed two to a byte in the weight
-/// arena, with an f32 (scale, zero) pair per group. A checkpoint's weight (GPTQ, AWQ, GGUF Q4_0/Q4_1) is
+/// On the cuda backend (kernels/cuda/int_linear.hpp) the codes are packed eight to a word in the weight
+/// arena, with a (bf16 s, bf16 −s·z) pair per group: each weight decodes to bf16(q·s + m), the precision
+/// of a bf16 weight, not the f32 value above. A checkpoint's weight (GPTQ, AWQ, GGUF Q4_0/Q4_1) is
 /// decoded by the CPU load above and packed; any other weight is decoded to f32 on the device and quantized
 /// there, bit for bit as quantize() does. Groups are consecutive inputs, a multiple of 32 long: a GPTQ
 /// checkpoint with act-order (a g_idx that reorders inputs) is refused on the GPU. Weights stacked into one
@@ -110,12 +111,12 @@ struct Int4Linear<cpu> : KeptHead {
 };
 
 #if defined(INFER_HAVE_CUDA)
-/// Codes [out][in / 2] (code i of a row in byte i / 2, bits 4·(i % 2)) and (scale, zero) f32 pairs
-/// [out][in / group_size], in the CUDA weight arena.
+/// Codes [out][in / 8] words (kernels::cuda::int4_nibble's order) and (bf16 s, bf16 m) pairs [out][in /
+/// group_size] (kernels::cuda::int4_scale_min_bits), in the CUDA weight arena.
 template <>
 struct Int4Linear<cuda> {
   const std::uint8_t* codes = nullptr;
-  const float* scale_zero = nullptr;
+  const std::uint32_t* scale_min = nullptr;
   std::int64_t out_features = 0, in_features = 0, group_size = 0;
 
   [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
@@ -123,7 +124,7 @@ struct Int4Linear<cuda> {
   [[nodiscard]] std::int64_t groups() const noexcept { return group_size > 0 ? in_features / group_size : 0; }
   /// Whether its arrays are there and its shape is one the kernels take.
   [[nodiscard]] bool consistent() const noexcept {
-    return codes != nullptr && scale_zero != nullptr && out_features > 0 &&
+    return codes != nullptr && scale_min != nullptr && out_features > 0 &&
            kernels::cuda::int4_shape_supported(in_features, group_size);
   }
   /// Its sizes and its place in the weight arena, for an engine file (io/engine_file.hpp's arena visitors).
@@ -134,8 +135,8 @@ struct Int4Linear<cuda> {
     v.scalar("group_size", self.group_size);
     const auto out = static_cast<std::size_t>(std::max<std::int64_t>(self.out_features, 0));
     v.pointer("codes", self.codes, out * static_cast<std::size_t>(std::max<std::int64_t>(self.in_features, 0)) / 2);
-    v.pointer("scale_zero", self.scale_zero,
-              out * static_cast<std::size_t>(std::max<std::int64_t>(self.groups(), 0)) * 2 * sizeof(float));
+    v.pointer("scale_min", self.scale_min,
+              out * static_cast<std::size_t>(std::max<std::int64_t>(self.groups(), 0)) * sizeof(std::uint32_t));
   }
   /// bf16 scratch values a matmul above kGemvMaxRows rows needs: the weight dequantized for the GEMM.
   [[nodiscard]] std::size_t scratch_elems() const noexcept {
@@ -358,16 +359,16 @@ struct Int4 {
     for (const LinearRequest& r : parts)
       require<InvalidArgument>(source_group(r) % l.group_size == 0, "Int4 on cuda: '", r.role, "' in groups of ",
                                source_group(r), " cannot be stacked with groups of ", l.group_size);
-    const auto pairs = static_cast<std::size_t>(l.out_features * l.groups()) * 2;
+    const auto pairs = static_cast<std::size_t>(l.out_features * l.groups());
     auto* codes = static_cast<std::uint8_t*>(store.allocate(static_cast<std::size_t>(l.out_features * l.in_features) / 2));
-    auto* scale_zero = static_cast<float*>(store.allocate(pairs * sizeof(float)));
+    auto* scale_min = static_cast<std::uint32_t*>(store.allocate(pairs * sizeof(std::uint32_t)));
     l.codes = codes;
-    l.scale_zero = scale_zero;
+    l.scale_min = scale_min;
     for (const LinearRequest& r : parts) {
-      load_rows(r, l.group_size, store, codes, scale_zero);
+      load_rows(r, l.group_size, store, codes, scale_min);
       if (codes != nullptr) {
         codes += r.out * r.in / 2;
-        scale_zero += r.out * l.groups() * 2;
+        scale_min += r.out * l.groups();
       }
     }
     return l;
@@ -379,13 +380,13 @@ struct Int4 {
                      std::uint16_t* y) {
     namespace kc = kernels::cuda;
     if (rows <= kc::kGemvMaxRows && reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
-      kc::int4_gemv(w.codes, w.scale_zero, w.group_size, x, rows, w.out(), w.in(), y, ctx.stream);
+      kc::int4_gemv(w.codes, w.scale_min, w.group_size, x, rows, w.out(), w.in(), y, ctx.stream);
       return;
     }
     require<InvalidArgument>(ctx.scratch != nullptr && ctx.scratch_elems >= w.scratch_elems(), "Int4 matmul of ", rows,
                              " rows of [", w.out(), ", ", w.in(), "] needs ", w.scratch_elems(),
                              " bf16 values of scratch; the context has ", ctx.scratch_elems);
-    kc::dequantize_int4_bf16(w.codes, w.scale_zero, w.group_size, w.out(), w.in(), ctx.scratch, ctx.stream);
+    kc::dequantize_int4_bf16(w.codes, w.scale_min, w.group_size, w.out(), w.in(), ctx.scratch, ctx.stream);
     ctx.gemm->run(x, ctx.scratch, y, rows, w.out(), w.in(), ctx.stream);
   }
 
@@ -403,10 +404,10 @@ struct Int4 {
     return group_size_for(r.in);
   }
 
-  /// r's rows, in groups of `group` (a divisor of its own), into `codes` and `scale_zero`; both null in the
+  /// r's rows, in groups of `group` (a divisor of its own), into `codes` and `scale_min`; both null in the
   /// measuring pass, which still checks what can be checked without decoding.
   static void load_rows(const LinearRequest& r, std::int64_t group, CudaWeightStore& store, std::uint8_t* codes,
-                        float* scale_zero) {
+                        std::uint32_t* scale_min) {
     const bool checkpoint = r.companion("qweight").has_value();
     if (const auto g_idx = r.companion("g_idx"); checkpoint && g_idx) {
       // Act-order reorders the inputs among the groups; the kernels read groups of consecutive inputs.
@@ -427,30 +428,43 @@ struct Int4 {
     if (!checkpoint && !gguf_q4) {
       float* values = store.f32_scratch(static_cast<std::size_t>(r.out * r.in));
       store.store_f32(values, t);
-      kernels::cuda::quantize_groups_int4(values, r.out, r.in, group, codes, scale_zero, store.stream_handle());
+      kernels::cuda::quantize_groups_int4(values, r.out, r.in, group, codes, scale_min, store.stream_handle());
       return;
     }
-    // Decoded on the host by the CPU load, then packed: codes two to a byte, each group's pair repeated for
-    // each of `group`'s groups it covers.
-    const linear<cpu> c = load<cpu>(r);
-    const std::int64_t groups = r.in / group, per = c.group_size / group;
-    std::vector<std::uint8_t> packed(static_cast<std::size_t>(r.out * r.in / 2));
-    std::vector<float> pairs(static_cast<std::size_t>(r.out * groups * 2));
-    for (std::int64_t o = 0; o < r.out; ++o) {
-      for (std::int64_t i = 0; i < r.in; i += 2) {
-        const std::uint8_t* q = c.q.data() + o * r.in + i;
-        packed[static_cast<std::size_t>((o * r.in + i) / 2)] = static_cast<std::uint8_t>(q[0] | (q[1] << 4));
-      }
-      for (std::int64_t g = 0; g < groups; ++g) {
-        const auto k = static_cast<std::size_t>(o * c.groups + g / per);
-        pairs[static_cast<std::size_t>((o * groups + g) * 2)] = c.scale[k];
-        pairs[static_cast<std::size_t>((o * groups + g) * 2 + 1)] = c.zero[k];
-      }
-    }
-    store.copy_host(codes, packed.data(), packed.size());
-    store.copy_host(scale_zero, pairs.data(), pairs.size() * sizeof(float));
+    // Decoded on the host by the CPU load, then packed.
+    std::vector<std::uint32_t> words, pairs;
+    pack_for_cuda(load<cpu>(r), group, words, pairs);
+    store.copy_host(codes, words.data(), words.size() * sizeof(std::uint32_t));
+    store.copy_host(scale_min, pairs.data(), pairs.size() * sizeof(std::uint32_t));
   }
 
+ public:
+  /// A CPU Int4 weight (groups of consecutive inputs: no act-order g_idx) in the GPU's layout, in groups of
+  /// `group` (a divisor of its own group size: each of its pairs repeated for the groups it covers): code
+  /// words in int4_nibble's order, and per group int4_scale_min_bits(bf16(s), bf16(−s·z)).
+  static void pack_for_cuda(const linear<cpu>& c, std::int64_t group, std::vector<std::uint32_t>& words,
+                            std::vector<std::uint32_t>& pairs) {
+    namespace kc = kernels::cuda;
+    require<InvalidArgument>(!c.is_dense() && c.group_size > 0, "Int4::pack_for_cuda: not a grouped weight");
+    require<InvalidArgument>(group > 0 && c.group_size % group == 0 && c.in_features % 8 == 0,
+                             "Int4::pack_for_cuda: groups of ", group, " do not divide groups of ", c.group_size);
+    const std::int64_t in = c.in_features, groups = in / group, per = c.group_size / group;
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(c.g_idx.size()); ++i)
+      require<InvalidArgument>(c.g_idx[static_cast<std::size_t>(i)] == i / c.group_size,
+                               "Int4::pack_for_cuda: act-order (input ", i, " in group ", c.g_idx[static_cast<std::size_t>(i)], ")");
+    words.assign(static_cast<std::size_t>(c.out_features * in / 8), 0u);
+    pairs.resize(static_cast<std::size_t>(c.out_features * groups));
+    for (std::int64_t o = 0; o < c.out_features; ++o) {
+      for (std::int64_t i = 0; i < in; ++i)
+        words[static_cast<std::size_t>((o * in + i) / 8)] |= static_cast<std::uint32_t>(c.q[static_cast<std::size_t>(o * in + i)])
+                                                             << (4 * kc::int4_nibble(static_cast<int>(i % 8)));
+      for (std::int64_t g = 0; g < groups; ++g) {
+        const auto k = static_cast<std::size_t>(o * c.groups + g / per);
+        const float s = c.scale[k], m = -s * c.zero[k];
+        pairs[static_cast<std::size_t>(o * groups + g)] = kc::int4_scale_min_bits(f32_to_bf16(s), f32_to_bf16(m));
+      }
+    }
+  }
  public:
 #endif
 
