@@ -37,7 +37,11 @@
 #include "infer/kernels/cuda/int_linear.hpp"
 #include "infer/quant/int4.hpp"
 #include "infer/quant/int8_weight_only.hpp"
+#include "infer/backend/weight_store.hpp"
+#include "infer/model/model_source.hpp"
 #include "support/cuda_test_support.hpp"
+#include "support/int4_checkpoint.hpp"
+#include "support/tiny_checkpoint.hpp"
 
 using namespace infer;
 using namespace infer::test;
@@ -104,7 +108,7 @@ void check_within(const std::vector<float>& got, const std::vector<float>& want,
   std::printf("  %s: worst error / bound %.3g\n", what, worst);
 }
 
-struct Shape {
+struct MatShape {
   std::int64_t N, K;
 };
 
@@ -147,9 +151,9 @@ TEST_CASE("Int8WeightOnly on cuda: the GEMV (M = 1..8) and the GEMM path match t
   Stream stream;
   kc::Gemm gemm;
   // Splits across warps (gemv_split.cuh) of 1, 2 and 4; N odd and off the 2-row group; K ragged against the unroll.
-  const Shape shapes[] = {{1, 16}, {3, 64}, {333, 1008}, {1000, 4096}, {64, 14336}, {77, 8192}};
+  const MatShape shapes[] = {{1, 16}, {3, 64}, {333, 1008}, {1000, 4096}, {64, 14336}, {77, 8192}};
   std::mt19937 rng(test_seed("Int8WeightOnly on cuda"));
-  for (const Shape& s : shapes) {
+  for (const MatShape& s : shapes) {
     const auto w = Int8WeightOnly::quantize(normal_weights(s.N, s.K, rng), s.N, s.K);
     test::DeviceMem dq(w.q.size()), ds(w.scale.size() * 4);
     upload(dq, w.q);
@@ -201,7 +205,7 @@ TEST_CASE("Int8WeightOnly on cuda: the GEMV (M = 1..8) and the GEMM path match t
 TEST_CASE("cuda::quantize_groups_int4 packs Int4::quantize's codes, scales and zeros bit for bit", "[cuda][int4]") {
   Stream stream;
   std::mt19937 rng(test_seed("cuda::quantize_groups_int4"));
-  for (const Shape s : {Shape{12, 32}, Shape{12, 128}, Shape{12, 4096}, Shape{7, 14336}})
+  for (const MatShape s : {MatShape{12, 32}, MatShape{12, 128}, MatShape{12, 4096}, MatShape{7, 14336}})
     for (const std::int64_t G : {32, 128}) {
       if (s.K % G != 0) continue;
       INFO("N=" << s.N << " K=" << s.K << " G=" << G);
@@ -226,9 +230,9 @@ TEST_CASE("cuda::quantize_groups_int4 packs Int4::quantize's codes, scales and z
 TEST_CASE("Int4 on cuda: the decoded bf16 weights, the GEMV (M = 1..8) and the GEMM path against the CPU's", "[cuda][int4]") {
   Stream stream;
   kc::Gemm gemm;
-  const Shape shapes[] = {{1, 32}, {3, 128}, {333, 1024}, {1000, 4096}, {64, 14336}, {77, 8192}};
+  const MatShape shapes[] = {{1, 32}, {3, 128}, {333, 1024}, {1000, 4096}, {64, 14336}, {77, 8192}};
   std::mt19937 rng(test_seed("Int4 on cuda"));
-  for (const Shape& s : shapes)
+  for (const MatShape& s : shapes)
     for (const bool float_zeros : {false, true}) {
       // Round-to-nearest in groups of 128 (32 where K is smaller), or GGUF Q4_1's float zeros in groups of 32.
       const std::int64_t G = float_zeros ? 32 : std::min<std::int64_t>(128, s.K);
@@ -312,4 +316,36 @@ TEST_CASE("Int4 on cuda: the decoded bf16 weights, the GEMV (M = 1..8) and the G
   CHECK_THROWS_AS(kc::int4_gemv(c, f, 32, x, 9, 4, 64, y, stream.s), InvalidArgument);
   CHECK_THROWS_AS(kc::int4_gemv(c, f, 32, d.as<std::uint16_t>(4), 1, 4, 64, y, stream.s), InvalidArgument);
   CHECK_THROWS_AS(kc::dequantize_int4_bf16(c, f, 64, 4, 96, y, stream.s), InvalidArgument);
+}
+
+TEST_CASE("Int4 on cuda loads GPTQ and AWQ checkpoints as the CPU reads them, and refuses act-order by name",
+          "[cuda][int4][model]") {
+  // The checkpoint route of Int4::load<cuda>: the CPU's loader decodes the packing, pack_for_cuda lays it out.
+  // tiny_llama's layers (support/tiny_checkpoint.hpp) packed in groups of 32 (support/int4_checkpoint.hpp).
+  Stream stream;
+  for (const Packing packing : {Packing::gptq, Packing::awq, Packing::gptq_act_order}) {
+    const std::string tag = packing == Packing::awq ? "awq" : packing == Packing::gptq ? "gptq" : "gptq-act-order";
+    INFO(tag);
+    const auto dir = rewrite_tiny_llama("infer-cuda-int4-" + tag, [&](const std::string& n, const std::vector<float>& w,
+                                                                     std::int64_t out, std::int64_t in) {
+      return packed_entries(n, w, out, in, packing);
+    });
+    const ModelSource src = ModelSource::open(dir);
+    const ModelConfig& c = src.config();
+    const LinearRequest r{src, "blk.1.ffn_down", c.hidden_size, c.intermediate_size};
+    CudaWeightStore measuring;
+    if (packing == Packing::gptq_act_order) {
+      CHECK_THROWS_WITH(Int4::load<cuda>(r, measuring), Catch::Contains("blk.1.ffn_down") && Catch::Contains("act-order"));
+      continue;
+    }
+    (void)Int4::load<cuda>(r, measuring);
+    CudaWeightStore store(measuring.measured_bytes(), stream.s);
+    const Int4::linear<cuda> l = Int4::load<cuda>(r, store);
+    store.finish();
+    REQUIRE(l.consistent());
+    CHECK(l.group_size == 32);
+    const PackedInt4 want(Int4::load<cpu>(r));
+    CHECK(download<std::uint32_t>(l.codes, want.words.size()) == want.words);
+    CHECK(download<std::uint32_t>(l.scale_min, want.scale_min.size()) == want.scale_min);
+  }
 }
