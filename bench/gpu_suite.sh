@@ -8,7 +8,7 @@
 #   bench/gpu_suite.sh test [PART]  the [cuda] tests with the suite's fixed seeds: all of them (~180 s on the
 #                                H200 at c9c0352), or one PART: ops (kernels, decoders, sampling), engines (the
 #                                engines on dummy models), smollm2 (the engines and infer::LLM on SmolLM2, most of
-#                                it the CPU reference's replay), quant (the FP8, INT8 and INT4 kernels and engines)
+#                                it the CPU reference's replay), quant (the FP8, INT8 and INT4 kernels and engines, and the engine files)
 #   bench/gpu_suite.sh reference ["T.."]  the [cuda] engine tests' CPU reference (replay_greedy of nine SmolLM2
 #                                prompts) timed at OpenBLAS thread counts T (default: the quota or the cores, 8, 4)
 #   bench/gpu_suite.sh repeat N  the whole [cuda] suite N times in a row with the fixed seeds, a log per run
@@ -90,7 +90,7 @@ test_filter() {  # the Catch filter of a test PART
     ops) echo "[cuda]~[engine]" ;;
     engines) echo "[cuda][engine]~*SmolLM2*" ;;
     smollm2) echo "[cuda][engine]*SmolLM2*" ;;
-    quant) echo "[cuda][fp8],[cuda][int8],[cuda][int4]" ;;  # the low-precision quantizers' kernels and engines
+    quant) echo "[cuda][fp8],[cuda][int8],[cuda][int4],[cuda][engine_file]" ;;  # the quantizers: kernels, engines, engine files
     *) echo "gpu_suite.sh: unknown test part '$1' (all, ops, engines, smollm2, quant)" >&2; exit 2 ;;
   esac
 }

@@ -43,7 +43,7 @@ TEST_CASE("engine files on the GPU give the tokens of the model they were built 
   const ModelSpec model{.model = infer::test::default_model(), .backend = "cuda"};
   const std::vector<Tokens> prompts = {{1, 17, 42, 99, 3}, {1, 200, 5}, {1, 7, 7, 7, 7, 7, 7, 7, 7, 7, 120, 33, 906, 12}};
   for (const std::string engine : {"paged", "static"})
-    for (const std::string quantizer : {"auto", "bf16", "fp8"}) {
+    for (const std::string quantizer : {"auto", "bf16", "fp8", "int8", "int4"}) {
       DYNAMIC_SECTION(engine << " engine, quantizer " << quantizer) {
         const LlmOptions o = small_options(engine, quantizer);
         const auto path = temp_path(engine + "-" + quantizer + ".engine");
