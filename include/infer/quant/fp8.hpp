@@ -65,29 +65,9 @@ struct Fp8Linear<cpu> : PerRowLinear<std::uint8_t> {
 };
 
 #if defined(INFER_HAVE_CUDA)
-/// e4m3 codes [out][in] and one f32 scale per output row, in the CUDA weight arena.
+/// e4m3 codes [out][in] and one f32 scale per output row, in the CUDA weight arena (detail::CudaPerRowLinear).
 template <>
-struct Fp8Linear<cuda> {
-  const std::uint8_t* q = nullptr;
-  const float* scale = nullptr;
-  std::int64_t out_features = 0;
-  std::int64_t in_features = 0;
-
-  [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
-  [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
-  /// Whether its arrays are there (an engine file's offsets were placed).
-  [[nodiscard]] bool consistent() const noexcept {
-    return q != nullptr && scale != nullptr && out_features > 0 && in_features > 0;
-  }
-  /// Its sizes and its place in the weight arena, for an engine file (io/engine_file.hpp's arena visitors).
-  template <class Self, class V>
-  static void visit_arena(Self& self, const V& v) {
-    v.scalar("out", self.out_features);
-    v.scalar("in", self.in_features);
-    const auto out = static_cast<std::size_t>(std::max<std::int64_t>(self.out_features, 0));
-    v.pointer("q", self.q, out * static_cast<std::size_t>(std::max<std::int64_t>(self.in_features, 0)));
-    v.pointer("scale", self.scale, out * sizeof(float));
-  }
+struct Fp8Linear<cuda> : CudaPerRowLinear<std::uint8_t> {
   /// Where a matmul of `rows` rows puts its activation's scales: after the codes, 16-byte aligned.
   [[nodiscard]] std::size_t scales_offset(std::int64_t rows) const noexcept {
     return (static_cast<std::size_t>(rows * in_features) + 15) / 16 * 16;
@@ -190,28 +170,7 @@ struct Fp8 {
   template <class B>
   static linear<B> load_stacked(std::span<const LinearRequest> parts, CudaWeightStore& store) {
     static_assert(std::is_same_v<B, cuda>);
-    require<InvalidArgument>(!parts.empty(), "Fp8 on cuda: no weights to stack");
-    linear<B> l;
-    l.in_features = parts[0].in;
-    for (const LinearRequest& r : parts) {
-      require<InvalidArgument>(r.in % 16 == 0, "Fp8 on cuda: '", r.role, "' has ", r.in,
-                               " inputs; the FP8 kernels need a multiple of 16");
-      require<InvalidArgument>(r.in == l.in_features, "Fp8 on cuda: '", r.role, "' has ", r.in, " inputs, '",
-                               parts[0].role, "' ", l.in_features, "; stacked weights share their input");
-      l.out_features += r.out;
-    }
-    auto* q = static_cast<std::uint8_t*>(store.allocate(static_cast<std::size_t>(l.out_features * l.in_features)));
-    auto* scale = static_cast<float*>(store.allocate(static_cast<std::size_t>(l.out_features) * sizeof(float)));
-    l.q = q;
-    l.scale = scale;
-    for (const LinearRequest& r : parts) {
-      load_rows(r, store, q, scale);
-      if (q != nullptr) {
-        q += r.out * r.in;
-        scale += r.out;
-      }
-    }
-    return l;
+    return linear<B>::template load_stacked<linear<B>>(parts, store, name, load_rows);
   }
 
   /// r's rows into `q` (codes) and `scale` (one per row); both null in the measuring pass, which still

@@ -62,29 +62,9 @@ struct Int8Linear<cpu> : PerRowLinear<std::int8_t> {
 };
 
 #if defined(INFER_HAVE_CUDA)
-/// int8 codes [out][in] and one f32 scale per output row, in the CUDA weight arena.
+/// int8 codes [out][in] and one f32 scale per output row, in the CUDA weight arena (detail::CudaPerRowLinear).
 template <>
-struct Int8Linear<cuda> {
-  const std::int8_t* q = nullptr;
-  const float* scale = nullptr;
-  std::int64_t out_features = 0;
-  std::int64_t in_features = 0;
-
-  [[nodiscard]] std::int64_t out() const noexcept { return out_features; }
-  [[nodiscard]] std::int64_t in() const noexcept { return in_features; }
-  /// Whether its arrays are there (an engine file's offsets were placed).
-  [[nodiscard]] bool consistent() const noexcept {
-    return q != nullptr && scale != nullptr && out_features > 0 && in_features > 0;
-  }
-  /// Its sizes and its place in the weight arena, for an engine file (io/engine_file.hpp's arena visitors).
-  template <class Self, class V>
-  static void visit_arena(Self& self, const V& v) {
-    v.scalar("out", self.out_features);
-    v.scalar("in", self.in_features);
-    const auto out = static_cast<std::size_t>(std::max<std::int64_t>(self.out_features, 0));
-    v.pointer("q", self.q, out * static_cast<std::size_t>(std::max<std::int64_t>(self.in_features, 0)));
-    v.pointer("scale", self.scale, out * sizeof(float));
-  }
+struct Int8Linear<cuda> : CudaPerRowLinear<std::int8_t> {
   /// bf16 scratch values a matmul above kGemvMaxRows rows needs: the weight dequantized for the GEMM.
   [[nodiscard]] std::size_t scratch_elems() const noexcept {
     return static_cast<std::size_t>(out_features * in_features);
@@ -178,28 +158,7 @@ struct Int8WeightOnly {
   template <class B>
   static linear<B> load_stacked(std::span<const LinearRequest> parts, CudaWeightStore& store) {
     static_assert(std::is_same_v<B, cuda>);
-    require<InvalidArgument>(!parts.empty(), "Int8WeightOnly on cuda: no weights to stack");
-    linear<B> l;
-    l.in_features = parts[0].in;
-    for (const LinearRequest& r : parts) {
-      require<InvalidArgument>(r.in % 16 == 0, "Int8WeightOnly on cuda: '", r.role, "' has ", r.in,
-                               " inputs; the INT8 GEMV needs a multiple of 16");
-      require<InvalidArgument>(r.in == l.in_features, "Int8WeightOnly on cuda: '", r.role, "' has ", r.in,
-                               " inputs, '", parts[0].role, "' ", l.in_features, "; stacked weights share their input");
-      l.out_features += r.out;
-    }
-    auto* q = static_cast<std::int8_t*>(store.allocate(static_cast<std::size_t>(l.out_features * l.in_features)));
-    auto* scale = static_cast<float*>(store.allocate(static_cast<std::size_t>(l.out_features) * sizeof(float)));
-    l.q = q;
-    l.scale = scale;
-    for (const LinearRequest& r : parts) {
-      load_rows(r, store, q, scale);
-      if (q != nullptr) {
-        q += r.out * r.in;
-        scale += r.out;
-      }
-    }
-    return l;
+    return linear<B>::template load_stacked<linear<B>>(parts, store, name, load_rows);
   }
 
   /// r's rows into `q` and `scale`; both null in the measuring pass, which still checks what can be checked
