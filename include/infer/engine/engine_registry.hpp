@@ -18,8 +18,9 @@
 /// | cuda    | static   | StaticEngine<cuda, kShapeAtRuntime>, quantizer auto, bf16, fp8, int8  |
 /// |         |          | or int4                                                               |
 ///
-/// Each of these is instantiated once, in kernels/ (engines_cpu.cpp, cuda/engines_cuda.cpp), and declared
-/// `extern template` here, so a program that includes this header compiles none of them again.
+/// Each of these is instantiated once, in kernels/ (cpu/engines.cpp, cuda/engines.cpp), and declared
+/// `extern template` here, so a program that includes this header compiles none of them again; make_engine,
+/// which wraps each in an EngineAdapter, is compiled once too (cpu/engine_registry.cpp).
 ///
 /// `ModelSpec` says what is loaded and where: a model file, or a `dummy` shape (seeded random weights, as
 /// vLLM's `--load-format dummy`) with a borrowed tokenizer, on backend "cpu", "cuda" or "auto" (the GPU
@@ -273,16 +274,10 @@ inline void apply_engine_file(ModelSpec& spec, LlmOptions& options) {
 
 /// Loads `spec` into the engine `options` name (for an engine file, the engine it was built for:
 /// apply_engine_file). Errors: ModelSpec::validate's and resolve_backend's, with_engine_type's, and
-/// whatever loading throws.
-inline std::unique_ptr<EngineHandle> make_engine(ModelSpec spec, LlmOptions options) {
-  spec.validate();
-  apply_engine_file(spec, options);
-  if (spec.backend != "auto") check_engine_choice(spec.backend, options);  // before any device is touched
-  const std::string backend = resolve_backend(spec.backend);
-  return with_engine_type(backend, options, [&]<class E>() -> std::unique_ptr<EngineHandle> {
-    return std::make_unique<EngineAdapter<E>>(spec.open(), options.engine_options);
-  });
-}
+/// whatever loading throws. Compiled once, in kernels/cpu/engine_registry.cpp: it instantiates an
+/// EngineAdapter for every registered engine, which cost each program that loads a model ~15 s of compile
+/// when it was inline (infer-serve's main.cpp: 56 s at 6 CUDA engines, 73 s at 10).
+std::unique_ptr<EngineHandle> make_engine(ModelSpec spec, LlmOptions options);
 
 /// Loads `spec` into an engine type of your own (e.g. the paged engine with your scheduler), behind the same
 /// EngineHandle as the registered ones, so infer::LLM and the server's engine thread run it unchanged:
