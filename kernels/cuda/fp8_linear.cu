@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __re
 
   float acc[kRows][M];
   gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(wr, x, chunks, active, acc,
-                                                     [](const uint4& a, const uint4& b, int, std::int64_t) { return dot16(a, b); });
+                                                     [](const uint4& a, const uint4& b) { return dot16(a, b); });
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
   if constexpr (kRope) {
 #pragma unroll

@@ -118,7 +118,7 @@ __device__ __forceinline__ std::uint16_t to_bf16(float f) {
 }
 
 /// The activation values that meet one 16-byte chunk of weights, when they are wider than the weights:
-/// kN 16-byte chunks (int8 codes against bf16 values: 2; 4-bit codes: 4). Where the two are equally wide
+/// kN 16-byte chunks (int8 codes against bf16 values: 2). Where the two are equally wide
 /// (bf16 against bf16, e4m3 against e4m3) the activation chunk is a plain uint4.
 template <int kN>
 struct XChunks {
@@ -135,9 +135,8 @@ __device__ __forceinline__ XChunks<kN> load_x(const XChunks<kN>* p) {
 
 /// The streaming loop of the GEMVs: thread (sub, lane) of a group reads 16-byte chunks sub·32 + lane,
 /// + 32·kSplit, ... of each of the group's kRows rows (`wr`), kUnroll chunks per row in flight before any
-/// arithmetic, and adds dot(weight chunk, x chunk, r, c) (r: the row of the group, c: the chunk's index in
-/// it) for each of the M rows of x (each `chunks` XV long) into acc[row][m]; then reduces acc across the
-/// warp by shuffles (the sums end in every lane).
+/// arithmetic, and adds dot(weight chunk, x chunk) for each of the M rows of x (each `chunks` XV long) into
+/// acc[row][m]; then reduces acc across the warp by shuffles (the sums end in every lane).
 template <int M, int kRows, int kUnroll, int kSplit, class XV, class Dot>
 __device__ __forceinline__ void stream_rows(const uint4* const (&wr)[kRows], const XV* __restrict__ x,
                                             std::int64_t chunks, bool active, float (&acc)[kRows][M], Dot dot) {
@@ -163,7 +162,7 @@ __device__ __forceinline__ void stream_rows(const uint4* const (&wr)[kRows], con
       for (int m = 0; m < M; ++m) {
         const XV xv = load_x(x + m * chunks + c);
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r][m] += dot(wv[u][r], xv, r, c);
+        for (int r = 0; r < kRows; ++r) acc[r][m] += dot(wv[u][r], xv);
       }
     }
   }

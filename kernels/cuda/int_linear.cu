@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kWarps * 32) int8_gemv_kernel(const uint4* __r
   gemv_split::begin();
   float acc[kRows][M];
   gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(
-      wr, x, chunks, active, acc, [](const uint4& a, const XChunks<2>& b, int, std::int64_t) { return dot_int8(a, b); });
+      wr, x, chunks, active, acc, [](const uint4& a, const XChunks<2>& b) { return dot_int8(a, b); });
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {

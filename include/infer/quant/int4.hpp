@@ -347,18 +347,20 @@ struct Int4 {
     require<InvalidArgument>(!parts.empty(), "Int4 on cuda: no weights to stack");
     linear<B> l;
     l.in_features = parts[0].in;
-    for (const LinearRequest& r : parts) {
+    std::vector<std::int64_t> source(parts.size());  // each part's own group size
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const LinearRequest& r = parts[i];
       require<InvalidArgument>(r.in == l.in_features, "Int4 on cuda: '", r.role, "' has ", r.in, " inputs, '",
                                parts[0].role, "' ", l.in_features, "; stacked weights share their input");
-      const std::int64_t g = source_group(r);
+      const std::int64_t g = source[i] = source_group(r);
       require<InvalidArgument>(kernels::cuda::int4_shape_supported(r.in, g), "Int4 on cuda: '", r.role, "' has ", r.in,
                                " inputs in groups of ", g, "; the INT4 kernels need multiples of 32");
       l.group_size = l.group_size == 0 ? g : std::min(l.group_size, g);
       l.out_features += r.out;
     }
-    for (const LinearRequest& r : parts)
-      require<InvalidArgument>(source_group(r) % l.group_size == 0, "Int4 on cuda: '", r.role, "' in groups of ",
-                               source_group(r), " cannot be stacked with groups of ", l.group_size);
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      require<InvalidArgument>(source[i] % l.group_size == 0, "Int4 on cuda: '", parts[i].role, "' in groups of ",
+                               source[i], " cannot be stacked with groups of ", l.group_size);
     const auto pairs = static_cast<std::size_t>(l.out_features * l.groups());
     auto* codes = static_cast<std::uint8_t*>(store.allocate(static_cast<std::size_t>(l.out_features * l.in_features) / 2));
     auto* scale_min = static_cast<std::uint32_t*>(store.allocate(pairs * sizeof(std::uint32_t)));
