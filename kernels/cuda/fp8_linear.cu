@@ -7,7 +7,7 @@
 // and scales are bit for bit the CPU's for the same f32 inputs. Launched chained (chained_launch.cuh): at
 // batch 1 it sits between two kernels of the decode step.
 //
-// fp8_gemv, the CUDA-core kernel (the default; the tensor-core one below is INFER_FP8_GEMV=tensor_cores):
+// fp8_gemv on the CUDA cores (INFER_FP8_GEMV=cuda_cores; the tensor-core kernel below is the default):
 // bf16_gemv.cu's layout (gemv_split.cuh) on 16-byte chunks of 16 codes. A weight chunk and the
 // matching activation chunk are decoded pairwise to f16 (e4m3 → f16 is exact: every e4m3 value, subnormals
 // included, is a normal f16) and then to f32, where each product is exact (4 significant bits each) and
@@ -28,6 +28,8 @@
 #include "infer/kernels/cuda/gemm.hpp"
 #include "chained_launch.cuh"
 #include "gemv_split.cuh"
+#include "mma_bf16.cuh"
+#include "tc_gemv_ring.cuh"
 #include "rope_epilogue.cuh"
 
 namespace infer::kernels::cuda {
@@ -269,31 +271,39 @@ void launch_cuda_cores(const uint4* w4, const float* w_scale, const uint4* x4, c
   }
 }
 
-// ---- fp8_gemv on the tensor cores -----------------------------------------------------------------------
+// ---- fp8_gemv on the tensor cores, the weights streamed through shared memory ------------------------------
 // mma.sync m16n8k32 (e4m3 x e4m3 -> f32): a warp multiplies 16 weight rows by the activation rows (M <= 8,
-// the n8 extent; columns past M are zero) 32 codes of K at a time, so decoding and multiplying cost no
-// CUDA-core instruction (the kernel above spends ~64 per 16 weight bytes on conversions and FMAs, and read
-// 1.6-2.6 TB/s on the H100, against 2.9 for the bf16 GEMV, ncu at c118e8f).
-// Measured at cd35132 (H100, Llama-3-8B FP8 batch 1, two runs each): 258.0 and 257.7 tok/s against 265.6
-// and 265.5 for the CUDA-core kernel, so it is not the default. Not yet measured alone; the likely cost: a
-// k-step reads 64 bytes of each row, so each 128-byte line of a row is fetched in two halves by two
-// different warps, where the CUDA-core kernel's warp reads 512 contiguous bytes of one row. Next to try: two
-// 16-byte loads per lane (128 bytes of a row per k-step, four mma).
-// Lane (g, t) loads the 16 bytes kb + 16t .. +16 of weight rows g and g + 8 and of activation row g. A dot
-// product does not care in which order its k run, so those codes are the k32 fragments of two mma: A's
-// logical columns 4t..4t+3 and 16+4t..16+4t+3 are the physical kb + 16t + 0..3 and + 4..7 (words 0 and 1;
-// the second mma: words 2 and 3), and B's rows 4t.. and 16+4t.. the same physical codes of x. A k-step is 64
-// bytes of every row (4 lanes x 16); the block's kTcWarps warps take interleaved k-steps of the same 16 rows,
-// kTcUnroll in flight per lane, and their partial sums meet in shared memory in a fixed order.
+// the n8 extent; columns past M are zero) 64 codes of K at a time (a k-step: two mma), so the codes go into
+// the tensor cores as they are, no instruction decodes them. The weights stream through each warp's ring
+// in shared memory (tc_gemv_ring.cuh says why and how). A dot product does not care in which order its k
+// run: A's logical columns 4t..4t+3 and 16+4t..16+4t+3 are lane (g, t)'s piece's words 0 and 1 (the second
+// mma: words 2 and 3), and B's rows the same codes of x.
+// The activation: with fp8_gemv_bf16 the block quantizes x's rows itself into shared memory first, with
+// quantize_rows_e4m3's arithmetic (so the codes and scales are bit for bit the separate kernel's), while the
+// first weight copies are in flight: at batch 1 that is 8-28 KiB of bf16 per block read from L2, against a
+// kernel launch less per projection. With fp8_gemv (codes already made) the M rows' 64 codes of each
+// k-step ride in the ring slot after the weights.
 // Rounding: each product of two codes is exact, but Hopper's FP8 tensor cores add with ~14 significant bits
 // (DeepSeek-V3's report, section 3.3.2, found ~2% errors at K = 4096 when a GEMM accumulates in them
 // throughout). So each k-step's two mma start from zero, and their sum (64 products, ~2^-14 of their
 // absolute sum off at most) is added to the f32 accumulator with an ordinary f32 add: the whole sum is then
 // off by ~2^-14 of Σ|products| plus f32 rounding, below the bf16 output's 2^-9 of |y| where y is not
 // much smaller than Σ|products|.
-constexpr int kTcWarps = 8;
-constexpr int kTcUnroll = 4;
-constexpr int kTcRows = 16;
+using tc_ring::kStages;
+
+/// Bytes of one ring slot: the weights' k-step, and with pre-made codes the M ≤ 8 rows' 64 codes of x.
+template <bool kQuantizeX>
+constexpr int slot_bytes() {
+  return tc_ring::kWeightBytes + (kQuantizeX ? 0 : kGemvMaxRows * 64);
+}
+
+/// The kernel's shared memory: the rings, the warps' partial sums, x's scales and per-warp maxima, then
+/// (kQuantizeX) x's codes, M·K bytes.
+template <bool kQuantizeX>
+constexpr std::size_t stream_smem_fixed() {
+  return static_cast<std::size_t>(tc_ring::kWarps) * kStages * slot_bytes<kQuantizeX>() +
+         sizeof(float) * (tc_ring::kPartFloats + 8 + tc_ring::kWarps * 8);
+}
 
 __device__ __forceinline__ void mma_e4m3(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                          unsigned b1) {
@@ -304,60 +314,130 @@ __device__ __forceinline__ void mma_e4m3(float (&c)[4], unsigned a0, unsigned a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__global__ void __launch_bounds__(kTcWarps * 32) fp8_gemv_tc_kernel(const uint4* __restrict__ w,
-                                                                    const float* __restrict__ w_scale,
-                                                                    const uint4* __restrict__ x,
-                                                                    const float* __restrict__ x_scale, int M,
-                                                                    std::int64_t N, std::int64_t chunks,
-                                                                    std::uint16_t* __restrict__ y) {
-  gemv_split::begin();
+/// x's M bf16 rows (K a multiple of 8, 16-byte aligned) quantized by the whole block into `codes` [M][K] and
+/// `scales` [M], as quantize_rows_vec_kernel does: the row's max |x| (per warp by shuffles into `warp_max`,
+/// then across the warps), s = max / 448, each code e4m3(x / s). Ends with a block barrier.
+__device__ void quantize_x_rows(const uint4* __restrict__ x, int M, std::int64_t K, std::uint8_t* codes, float* scales,
+                                float* warp_max) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const std::int64_t per_row = K / 8;
+  for (int m = 0; m < M; ++m) {
+    float amax = 0.0f;
+    for (std::int64_t c = threadIdx.x; c < per_row; c += tc_ring::kWarps * 32) {
+      float f[8];
+      load8(reinterpret_cast<const std::uint16_t*>(x + m * per_row), c, f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(f[e]));
+    }
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) warp_max[warp * 8 + m] = amax;
+  }
+  __syncthreads();
+  if (threadIdx.x < static_cast<unsigned>(M)) {
+    float amax = warp_max[threadIdx.x];
+    for (int w = 1; w < tc_ring::kWarps; ++w) amax = fmaxf(amax, warp_max[w * 8 + threadIdx.x]);
+    scales[threadIdx.x] = __fdiv_rn(amax, kE4m3Max);
+  }
+  __syncthreads();
+  for (std::int64_t i = threadIdx.x; i < M * per_row; i += tc_ring::kWarps * 32) {
+    const std::int64_t m = i / per_row;
+    float f[8];
+    load8(reinterpret_cast<const std::uint16_t*>(x + m * per_row), i % per_row, f);
+    store8(codes + m * K, i % per_row, f, scales[m]);
+  }
+  __syncthreads();
+}
+
+/// y[m][n] = bf16(s_x[m] · s_w[n] · Σ_k x_q[m][k] · w_q[n][k]) for the block's 16 rows. kQuantizeX: `x` is
+/// M bf16 rows, quantized here (x_scale unused); else `x` is M rows of codes with their scales x_scale.
+template <bool kQuantizeX>
+__global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const std::uint8_t* __restrict__ w,
+                                                                           const float* __restrict__ w_scale,
+                                                                           const void* __restrict__ x,
+                                                                           const float* __restrict__ x_scale, int M,
+                                                                           std::int64_t N, std::int64_t K,
+                                                                           std::uint16_t* __restrict__ y) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kSlot = slot_bytes<kQuantizeX>();
+  float* part = reinterpret_cast<float*>(smem + tc_ring::kWarps * kStages * kSlot);  // [warp][row][m]
+  float* xs = part + tc_ring::kPartFloats;                                           // [8]
+  float* warp_max = xs + 8;                                                          // [warp][8]
+  auto* xq = reinterpret_cast<std::uint8_t*>(warp_max + tc_ring::kWarps * 8);        // [M][K], kQuantizeX
+
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kTcRows;
-  // Rows past N re-read row N - 1 (their sums are not written); x rows past M are never read.
-  const uint4* wa = w + min(row0 + g, N - 1) * chunks;
-  const uint4* wb = w + min(row0 + g + 8, N - 1) * chunks;
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * tc_ring::kRows;
+  const std::int64_t chunks = K / 16;
+  const tc_ring::Slice sl = tc_ring::slice_of((chunks + 3) / 4, warp);
+  unsigned char* ring = smem + warp * kStages * kSlot;
+  const tc_ring::WeightPieces pieces(w, row0, N, K, lane);
+  // With pre-made codes this lane also copies piece lane of x's k-step (row lane / 4 < M).
+  const bool copies_x = !kQuantizeX && lane / 4 < M;
+  const auto* xsrc = static_cast<const std::uint8_t*>(x) + (copies_x ? lane / 4 : 0) * K + (lane % 4) * 16;
+  auto issue = [&](int i) {  // k-step first + i into slot i % kStages; a group is committed either way
+    if (i < sl.count) {
+      const std::int64_t s = sl.first + i;
+      unsigned char* slot = ring + (i % kStages) * kSlot;
+      pieces.copy(slot, s, chunks, lane);
+      if (copies_x) {
+        const bool ok = s * 4 + lane % 4 < chunks;
+        detail::cp_async_16(detail::smem_u32(slot + tc_ring::kWeightBytes + lane * 16), ok ? xsrc + s * 64 : xsrc, ok);
+      }
+    }
+    detail::cp_async_commit();
+  };
+
+  gemv_split::begin();
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  if constexpr (kQuantizeX) quantize_x_rows(static_cast<const uint4*>(x), M, K, xq, xs, warp_max);
   const bool has_x = g < M;
-  const uint4* xr = x + (has_x ? g : 0) * chunks;
-  const std::int64_t steps = (chunks + 3) / 4;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (std::int64_t s0 = warp; s0 < steps; s0 += kTcWarps * kTcUnroll) {
-    uint4 va[kTcUnroll], vb[kTcUnroll], vx[kTcUnroll];
-#pragma unroll
-    for (int u = 0; u < kTcUnroll; ++u) {
-      const std::int64_t ch = (s0 + u * kTcWarps) * 4 + t;
-      const bool ok = ch < chunks;  // also past the last k-step: (steps - 1) * 4 + 3 >= chunks - 1
-      va[u] = ok ? __ldcs(wa + ch) : zero;
-      vb[u] = ok ? __ldcs(wb + ch) : zero;
-      vx[u] = ok && has_x ? __ldg(xr + ch) : zero;
+  for (int i = 0; i < sl.count; ++i) {
+    tc_ring::wait_slot();
+    const unsigned char* slot = ring + (i % kStages) * kSlot;
+    const uint4 va = *reinterpret_cast<const uint4*>(slot + (g * 4 + t) * 16);
+    const uint4 vb = *reinterpret_cast<const uint4*>(slot + ((g + 8) * 4 + t) * 16);
+    uint4 vx = zero;
+    if constexpr (kQuantizeX) {
+      const std::int64_t ch = (sl.first + i) * 4 + t;
+      if (has_x && ch < chunks) vx = *reinterpret_cast<const uint4*>(xq + g * K + ch * 16);
+    } else {
+      if (has_x) vx = *reinterpret_cast<const uint4*>(slot + tc_ring::kWeightBytes + (g * 4 + t) * 16);
     }
+    issue(i + kStages - 1);
+    // Each k-step's 64 products are summed from zero and then added to c in f32 (see the rounding note).
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_e4m3(p, va.x, vb.x, va.y, vb.y, vx.x, vx.y);
+    mma_e4m3(p, va.z, vb.z, va.w, vb.w, vx.z, vx.w);
 #pragma unroll
-    for (int u = 0; u < kTcUnroll; ++u) {
-      // Each k-step's 64 products are summed from zero and then added to c in f32 (see the rounding note).
-      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_e4m3(part, va[u].x, vb[u].x, va[u].y, vb[u].y, vx[u].x, vx[u].y);
-      mma_e4m3(part, va[u].z, vb[u].z, va[u].w, vb[u].w, vx[u].z, vx[u].w);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) c[j] += part[j];
-    }
+    for (int j = 0; j < 4; ++j) c[j] += p[j];
   }
-  // c: rows g (c0, c1) and g + 8 (c2, c3), activation rows 2t and 2t + 1.
-  __shared__ float part[kTcWarps][kTcRows][8];
-  part[warp][g][2 * t] = c[0];
-  part[warp][g][2 * t + 1] = c[1];
-  part[warp][g + 8][2 * t] = c[2];
-  part[warp][g + 8][2 * t + 1] = c[3];
-  __syncthreads();
+  detail::cp_async_wait<0>();
+  tc_ring::store_partial(part, c, warp, lane);
   const int i = static_cast<int>(threadIdx.x);
-  if (i >= kTcRows * M) return;
+  if (i >= tc_ring::kRows * M) return;
   const int r = i / M, m = i % M;
   const std::int64_t row = row0 + r;
   if (row >= N) return;
-  float sum = part[0][r][m];
-#pragma unroll
-  for (int k = 1; k < kTcWarps; ++k) sum += part[k][r][m];
-  y[m * N + row] = gemv_split::to_bf16(sum * (w_scale[row] * x_scale[m]));
+  const float sx = kQuantizeX ? xs[m] : x_scale[m];
+  y[m * N + row] = gemv_split::to_bf16(tc_ring::row_sum(part, r, m) * (w_scale[row] * sx));
+}
+
+/// Launches the tensor-core kernel: N / 16 blocks, the shared memory it needs (raised past the 48 KiB default
+/// once per instance).
+template <bool kQuantizeX>
+void launch_tensor_cores(const std::uint8_t* w, const float* w_scale, const void* x, const float* x_scale, int M,
+                         std::int64_t N, std::int64_t K, std::uint16_t* y, cudaStream_t s) {
+  const std::size_t smem = stream_smem_fixed<kQuantizeX>() + (kQuantizeX ? static_cast<std::size_t>(M * K) : 0);
+  static const cudaError_t raised = cudaFuncSetAttribute(
+      fp8_gemv_tc_kernel<kQuantizeX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(stream_smem_fixed<kQuantizeX>() + (kQuantizeX ? kFp8GemvQuantizeMaxValues : 0)));
+  backend::cuda::check(raised, "cuda::fp8_gemv: raising the tensor-core kernel's shared memory");
+  const auto blocks = static_cast<unsigned>((N + tc_ring::kRows - 1) / tc_ring::kRows);
+  chained::launch(fp8_gemv_tc_kernel<kQuantizeX>, dim3(blocks), dim3(tc_ring::kWarps * 32), smem, s, w, w_scale, x, x_scale, M, N,
+                  K, y);
 }
 
 std::atomic<int> g_gemv_path{static_cast<int>(Fp8GemvPath::automatic)};
@@ -367,14 +447,14 @@ Fp8GemvPath resolve_gemv_path() {
   if (p != Fp8GemvPath::automatic) return p;
   static const Fp8GemvPath env = [] {
     const char* v = std::getenv("INFER_FP8_GEMV");
-    return v != nullptr && std::strcmp(v, "tensor_cores") == 0 ? Fp8GemvPath::tensor_cores : Fp8GemvPath::cuda_cores;
+    return v != nullptr && std::strcmp(v, "cuda_cores") == 0 ? Fp8GemvPath::cuda_cores : Fp8GemvPath::tensor_cores;
   }();
   return env;
 }
 
 template <class In>
 void quantize(const In* x, std::int64_t rows, std::int64_t K, std::uint8_t* q, float* scale, void* stream) {
-  using detail::cat;
+  using infer::detail::cat;
   if (rows < 0 || K < 1 || rows > 0x7fffffffLL)
     throw InvalidArgument(cat("cuda::quantize_rows_e4m3: rows = ", rows, ", K = ", K, "; needs 0 <= rows < 2^31, K >= 1"));
   if (rows == 0) return;
@@ -403,7 +483,7 @@ namespace {
 
 void check_gemv_args(const char* who, const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q,
                      const float* x_scale, int M, std::int64_t N, std::int64_t K, const std::uint16_t* y_bf16) {
-  using detail::cat;
+  using infer::detail::cat;
   if (M < 1 || M > kGemvMaxRows || N < 0 || K < 1)
     throw InvalidArgument(cat(who, ": M = ", M, ", N = ", N, ", K = ", K, "; needs 1 <= M <= ", kGemvMaxRows,
                               ", N >= 0, K >= 1"));
@@ -416,22 +496,38 @@ void check_gemv_args(const char* who, const std::uint8_t* w_q, const float* w_sc
 
 void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
               std::int64_t N, std::int64_t K, std::uint16_t* y_bf16, void* stream) {
-  using detail::cat;
+  using infer::detail::cat;
   check_gemv_args("cuda::fp8_gemv", w_q, w_scale, x_q, x_scale, M, N, K, y_bf16);
   if (N == 0) return;
-  const std::int64_t chunks = K / 16;
-  const auto* w4 = reinterpret_cast<const uint4*>(w_q);
-  const auto* x4 = reinterpret_cast<const uint4*>(x_q);
   const auto s = static_cast<cudaStream_t>(stream);
   if (resolve_gemv_path() == Fp8GemvPath::tensor_cores) {
-    if ((N + kTcRows - 1) / kTcRows > 0x7fffffffLL) throw InvalidArgument(cat("cuda::fp8_gemv: N = ", N, " exceeds one grid"));
-    gemv_split::launch(fp8_gemv_tc_kernel, dim3(static_cast<unsigned>((N + kTcRows - 1) / kTcRows)), dim3(kTcWarps * 32), s,
-                       w4, w_scale, x4, x_scale, M, N, chunks, y_bf16);
-    backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv: kernel launch");
-    return;
+    if ((N + tc_ring::kRows - 1) / tc_ring::kRows > 0x7fffffffLL) throw InvalidArgument(cat("cuda::fp8_gemv: N = ", N, " exceeds one grid"));
+    launch_tensor_cores<false>(w_q, w_scale, x_q, x_scale, M, N, K, y_bf16, s);
+  } else {
+    launch_cuda_cores<Epilogue::store>(reinterpret_cast<const uint4*>(w_q), w_scale, reinterpret_cast<const uint4*>(x_q),
+                                       x_scale, M, N, K / 16, y_bf16, RopeKvWrite{}, s);
   }
-  launch_cuda_cores<Epilogue::store>(w4, w_scale, x4, x_scale, M, N, chunks, y_bf16, RopeKvWrite{}, s);
   backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv: kernel launch");
+}
+
+bool fp8_gemv_bf16_supports(const void* w_q, const void* x_bf16, int M, std::int64_t K) noexcept {
+  return resolve_gemv_path() == Fp8GemvPath::tensor_cores && M >= 1 && M <= kGemvMaxRows &&
+         static_cast<std::int64_t>(M) * K <= kFp8GemvQuantizeMaxValues && fp8_gemv_supports(w_q, x_bf16, K);
+}
+
+void fp8_gemv_bf16(const std::uint8_t* w_q, const float* w_scale, const std::uint16_t* x_bf16, int M, std::int64_t N,
+                   std::int64_t K, std::uint16_t* y_bf16, void* stream) {
+  using infer::detail::cat;
+  if (M < 1 || M > kGemvMaxRows || N < 0 || K < 1 || static_cast<std::int64_t>(M) * K > kFp8GemvQuantizeMaxValues)
+    throw InvalidArgument(cat("cuda::fp8_gemv_bf16: M = ", M, ", N = ", N, ", K = ", K, "; needs 1 <= M <= ", kGemvMaxRows,
+                              ", N >= 0, K >= 1, M·K <= ", kFp8GemvQuantizeMaxValues));
+  if (!fp8_gemv_supports(w_q, x_bf16, K))
+    throw InvalidArgument(cat("cuda::fp8_gemv_bf16: K = ", K, " must be a multiple of 16 and w and x 16-byte aligned"));
+  if (w_scale == nullptr || y_bf16 == nullptr) throw InvalidArgument("cuda::fp8_gemv_bf16: null scale or output");
+  if (N == 0) return;
+  if ((N + tc_ring::kRows - 1) / tc_ring::kRows > 0x7fffffffLL) throw InvalidArgument(cat("cuda::fp8_gemv_bf16: N = ", N, " exceeds one grid"));
+  launch_tensor_cores<true>(w_q, w_scale, x_bf16, nullptr, M, N, K, y_bf16, static_cast<cudaStream_t>(stream));
+  backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv_bf16: kernel launch");
 }
 
 void fp8_gemv_swiglu(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,

@@ -10,9 +10,11 @@
 /// - `fp8_gemv`: y[m][n] = s_x[m] · s_w[n] · Σ_k e4m3(x_q[m][k]) · e4m3(w_q[n][k]) for M = 1..kGemvMaxRows, bf16
 ///   out: the batch-1 decode path, bound by reading the weight codes (half of bf16's bytes). Each product of
 ///   two e4m3 values is exact; the scales are applied once per output. Two kernels (Fp8GemvPath): on the
-///   CUDA cores (f32 sums throughout; the default, 3% faster end to end at cd35132), or on the tensor cores
-///   (mma.sync m16n8k32 e4m3; Hopper adds each k-step's products with ~14 significant bits before they reach
-///   an f32 accumulator).
+///   tensor cores (the default: mma.sync m16n8k32 e4m3, the weights streamed through shared memory; Hopper
+///   adds each k-step's products with ~14 significant bits before they reach an f32 accumulator), or on the
+///   CUDA cores (f32 sums throughout).
+/// - `fp8_gemv_bf16`: the same product from x's bf16 rows, which the tensor-core kernel quantizes itself
+///   (quantize_rows_e4m3's codes and scales bit for bit): one kernel per projection at batch 1 instead of two.
 ///
 /// Compiled in kernels/cuda/fp8_linear.cu; no CUDA header here (bf16 values are their `std::uint16_t`
 /// bits, streams `void*`). Every call only enqueues work.
@@ -44,6 +46,20 @@ void quantize_rows_e4m3(const float* x_f32, std::int64_t rows, std::int64_t K, s
 void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
               std::int64_t N, std::int64_t K, std::uint16_t* y_bf16, void* stream);
 
+/// The most values (M·K) of x that fp8_gemv_bf16 quantizes in the kernel: they sit in each block's shared
+/// memory. Llama-3-8B at batch 1 needs 14,336 (the down projection's input).
+inline constexpr std::int64_t kFp8GemvQuantizeMaxValues = 16384;
+
+/// Whether fp8_gemv_bf16 takes these operands: the tensor-core path chosen (Fp8GemvPath), 1 ≤ M ≤
+/// kGemvMaxRows, M·K ≤ kFp8GemvQuantizeMaxValues, and fp8_gemv_supports(w_q, x_bf16, K).
+[[nodiscard]] bool fp8_gemv_bf16_supports(const void* w_q, const void* x_bf16, int M, std::int64_t K) noexcept;
+
+/// fp8_gemv with x given as M bf16 rows [M][K]: quantize_rows_e4m3 of x followed by fp8_gemv, bit for bit the
+/// same codes and scales and the tensor-core kernel's sums, in one kernel. InvalidArgument for operands out of
+/// fp8_gemv_bf16_supports' range (the path aside).
+void fp8_gemv_bf16(const std::uint8_t* w_q, const float* w_scale, const std::uint16_t* x_bf16, int M, std::int64_t N,
+                   std::int64_t K, std::uint16_t* y_bf16, void* stream);
+
 /// SwiGLU fused into the FP8 gate/up GEMV: w_q is the stacked [2I][K] weight (gate rows 0..I-1, up rows
 /// I..2I-1, scales w_scale [2I]) and y[m][i] = bf16(silu(g)·u) with g, u the scaled dot products of gate
 /// row i and up row i in f32: what fp8_gemv into [M][2I] followed by `swiglu` computes, less the rounding of
@@ -58,7 +74,7 @@ void fp8_gemv_rope(const std::uint8_t* w_q, const float* w_scale, const std::uin
                    std::int64_t K, const RopeKvWrite& rope, std::uint16_t* y_bf16, void* stream);
 
 /// Which kernel fp8_gemv runs, process-wide: `automatic` (the default) takes the environment variable
-/// INFER_FP8_GEMV, read once — `tensor_cores`, else the CUDA cores. Returns the previous choice; takes
+/// INFER_FP8_GEMV, read once — `cuda_cores`, else the tensor cores. Returns the previous choice; takes
 /// effect at the next call (a captured CUDA graph keeps the kernel it captured). For tests and A/B runs.
 enum class Fp8GemvPath : int { automatic = 0, cuda_cores = 1, tensor_cores = 2 };
 Fp8GemvPath set_fp8_gemv_path(Fp8GemvPath path);
