@@ -33,11 +33,17 @@
 #                                before their wait off and on (INFER_GEMV_PREFETCH=0, 1; gemv_split.cuh), alternating
 #   bench/gpu_suite.sh quantizers  Llama-3-8B batch-1 decode (512 + 128) with each quantizer the GPU runs: bf16,
 #                                fp8, int8, int4, in turn, two runs each
-#   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores
-#                                (INFER_FP8_GEMV=tensor_cores) and on the CUDA cores (the default), alternating, two runs each
+#   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores (the default:
+#                                the activation quantized in the GEMV) and on the CUDA cores (INFER_FP8_GEMV=cuda_cores:
+#                                a quantization kernel before each GEMV), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step,
 #                                bf16 and FP8, with and without INFER_STEP_FUSIONS, timed alone by ncu (eager),
 #                                summed per kernel and per launch order
+#   bench/gpu_suite.sh bf16-ab   Llama-3-8B bf16 batch-1 decode with bf16_gemv on the CUDA cores (the default) and on
+#                                the tensor cores (INFER_BF16_GEMV=tensor_cores), alternating, two runs each; then ncu
+#                                of a decode step with the tensor-core kernel
+#   bench/gpu_suite.sh profile-quant  each kernel of a batch-1 decode step under ncu with fp8 (its GEMV on the CUDA
+#                                cores, then on the tensor cores), int8 and int4
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
 #                                for the fixed seeds), each run's log in $OUT/cuda-tests-seed-N.log;
 #                                PART=ops|engines|smollm2 in the environment picks one part
@@ -284,6 +290,28 @@ case "${1:-}" in
         --log-file "$out/ncu-$3.csv" "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $4 --batch-size 1 \
         --input-len $1 --output-len $2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
       python3 bench/ncu_summary.py "$out/ncu-$3.csv" | tee "$out/ncu-$3.txt"
+    done
+    ;;
+  bf16-ab)  # bf16 batch-1 decode with bf16_gemv on the CUDA cores (the default) and on the tensor cores, alternating
+    for r in 1 2; do
+      for k in cuda_cores tensor_cores; do
+        INFER_BF16_GEMV=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 \
+          --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-bf16-$k-r$r.json"
+      done
+    done
+    INFER_BF16_GEMV=tensor_cores run ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      --log-file "$out/ncu-decode-b1-ctx512-bf16-tensor_cores.csv" "$bin"/infer-bench-latency --dummy llama3-8b \
+      --quantizer bf16 --batch-size 1 --input-len 512 --output-len 2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
+    python3 bench/ncu_summary.py "$out/ncu-decode-b1-ctx512-bf16-tensor_cores.csv" | tee "$out/ncu-decode-b1-ctx512-bf16-tensor_cores.txt"
+    ;;
+  profile-quant)  # each kernel of a batch-1 decode step under ncu (alone, cold caches) with each low-precision
+    # quantizer: fp8 with its GEMV on the CUDA cores and on the tensor cores, int8, int4
+    for spec in "fp8 cuda_cores" "fp8 tensor_cores" "int8 cuda_cores" "int4 cuda_cores"; do
+      set -- $spec
+      INFER_FP8_GEMV=$2 run ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        --log-file "$out/ncu-decode-b1-ctx512-$1-$2.csv" "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 \
+        --batch-size 1 --input-len 512 --output-len 2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
+      python3 bench/ncu_summary.py "$out/ncu-decode-b1-ctx512-$1-$2.csv" | tee "$out/ncu-decode-b1-ctx512-$1-$2.txt"
     done
     ;;
   seeds)

@@ -21,12 +21,17 @@
 // included): rope_epilogue.cuh.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
 #include "gemv_split.cuh"
+#include "mma_bf16.cuh"
+#include "tc_gemv_ring.cuh"
 #include "rope_epilogue.cuh"
 
 namespace infer::kernels::cuda {
@@ -133,6 +138,101 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const uint4* x, st
   }
 }
 
+// ---- on the tensor cores, the weights streamed through shared memory (INFER_BF16_GEMV=tensor_cores) ---------
+// tc_gemv_ring.cuh's layout: a block owns 16 rows, each warp streams a slice of the k-steps (64 bytes, 32
+// values, of every row) through its ring of cp.async slots, and mma.sync m16n8k16 multiplies them by x's M
+// ≤ 8 rows (the n8 extent), which ride in the slot after the weights (M · 64 bytes). Lane (g, t) holds 8
+// values of rows g and g + 8 (chunk t of the step) and the matching 8 of x row g: words 0-1 are the first
+// mma's logical k 2t..2t+1 and 2t+8..2t+9, words 2-3 the second's (a dot product does not care in which
+// order its k run). Sums in the tensor cores' f32 accumulators across the whole slice.
+// Why: the CUDA-core kernel above holds its loads in registers (4 KiB in flight per warp), and at M > 1 each
+// lane re-reads x and keeps kRows · M sums, which is why cuBLASLt wins from M = 2 (kBf16GemvPreferredRows).
+// Not yet measured; off unless INFER_BF16_GEMV=tensor_cores (bench/gpu_suite.sh bf16-ab).
+__host__ __device__ constexpr int bf16_slot_bytes(int M) { return tc_ring::kWeightBytes + M * 64; }
+constexpr std::size_t bf16_tc_smem_bytes(int M) {
+  return static_cast<std::size_t>(tc_ring::kWarps) * tc_ring::kStages * bf16_slot_bytes(M) + sizeof(float) * tc_ring::kPartFloats;
+}
+
+template <class Out>
+__global__ void __launch_bounds__(tc_ring::kWarps * 32) bf16_gemv_tc_kernel(const std::uint16_t* __restrict__ w,
+                                                                            const std::uint16_t* __restrict__ x, int M,
+                                                                            std::int64_t N, std::int64_t K, Out* __restrict__ y) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int slot_bytes = bf16_slot_bytes(M);
+  float* part = reinterpret_cast<float*>(smem + tc_ring::kWarps * tc_ring::kStages * slot_bytes);
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * tc_ring::kRows;
+  const std::int64_t chunks = K / 8;  // 16-byte chunks of 8 values a row
+  const tc_ring::Slice sl = tc_ring::slice_of((chunks + 3) / 4, warp);
+  unsigned char* ring = smem + warp * tc_ring::kStages * slot_bytes;
+  const tc_ring::WeightPieces pieces(reinterpret_cast<const std::uint8_t*>(w), row0, N, K * 2, lane);
+  const bool copies_x = lane < M * 4;  // piece lane of x's step: row lane / 4, chunk lane % 4
+  const std::uint16_t* xsrc = x + (copies_x ? lane / 4 : 0) * K + (lane % 4) * 8;
+  auto issue = [&](int i) {  // k-step first + i into slot i % kStages; a group is committed either way
+    if (i < sl.count) {
+      const std::int64_t s = sl.first + i;
+      unsigned char* slot = ring + (i % tc_ring::kStages) * slot_bytes;
+      pieces.copy(slot, s, chunks, lane);
+      if (copies_x) {
+        const bool ok = s * 4 + lane % 4 < chunks;
+        detail::cp_async_16(detail::smem_u32(slot + tc_ring::kWeightBytes + lane * 16), ok ? xsrc + s * 32 : xsrc, ok);
+      }
+    }
+    detail::cp_async_commit();
+  };
+
+  gemv_split::begin();
+#pragma unroll
+  for (int i = 0; i < tc_ring::kStages - 1; ++i) issue(i);
+  const bool has_x = g < M;
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < sl.count; ++i) {
+    tc_ring::wait_slot();
+    const unsigned char* slot = ring + (i % tc_ring::kStages) * slot_bytes;
+    const uint4 va = *reinterpret_cast<const uint4*>(slot + (g * 4 + t) * 16);
+    const uint4 vb = *reinterpret_cast<const uint4*>(slot + ((g + 8) * 4 + t) * 16);
+    const uint4 xv = has_x ? *reinterpret_cast<const uint4*>(slot + tc_ring::kWeightBytes + (g * 4 + t) * 16)
+                           : make_uint4(0, 0, 0, 0);
+    issue(i + tc_ring::kStages - 1);
+    const std::uint32_t a0[4] = {va.x, vb.x, va.y, vb.y}, a1[4] = {va.z, vb.z, va.w, vb.w};
+    detail::mma_m16n8k16_bf16(c, a0, xv.x, xv.y);
+    detail::mma_m16n8k16_bf16(c, a1, xv.z, xv.w);
+  }
+  detail::cp_async_wait<0>();
+  tc_ring::store_partial(part, c, warp, lane);
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= tc_ring::kRows * M) return;
+  const int r = i / M, m = i % M;
+  const std::int64_t row = row0 + r;
+  if (row >= N) return;
+  const float sum = tc_ring::row_sum(part, r, m);
+  if constexpr (sizeof(Out) == 2) y[m * N + row] = gemv_split::to_bf16(sum);
+  else y[m * N + row] = sum;
+}
+
+template <class Out>
+void launch_tensor_cores(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t N, std::int64_t K, Out* y,
+                         cudaStream_t s) {
+  static const cudaError_t raised = cudaFuncSetAttribute(bf16_gemv_tc_kernel<Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         static_cast<int>(bf16_tc_smem_bytes(kGemvMaxRows)));
+  backend::cuda::check(raised, "cuda::bf16_gemv: raising the tensor-core kernel's shared memory");
+  chained::launch(bf16_gemv_tc_kernel<Out>, dim3(static_cast<unsigned>((N + tc_ring::kRows - 1) / tc_ring::kRows)),
+                  dim3(tc_ring::kWarps * 32), bf16_tc_smem_bytes(M), s, w, x, M, N, K, y);
+}
+
+std::atomic<int> g_gemv_path{static_cast<int>(Bf16GemvPath::automatic)};
+
+Bf16GemvPath resolve_gemv_path() {
+  const auto p = static_cast<Bf16GemvPath>(g_gemv_path.load(std::memory_order_relaxed));
+  if (p != Bf16GemvPath::automatic) return p;
+  static const Bf16GemvPath env = [] {
+    const char* v = std::getenv("INFER_BF16_GEMV");
+    return v != nullptr && std::strcmp(v, "tensor_cores") == 0 ? Bf16GemvPath::tensor_cores : Bf16GemvPath::cuda_cores;
+  }();
+  return env;
+}
+
 /// N: output rows (store), gate rows (swiglu) or rotation pairs (rope).
 template <class Out, Epilogue kEpilogue = Epilogue::store>
 void launch(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t N, std::int64_t K, Out* y,
@@ -155,7 +255,7 @@ void launch(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t 
 }
 
 void check_args(const std::uint16_t* w, const std::uint16_t* x, const void* y, int M, std::int64_t N, std::int64_t K) {
-  using detail::cat;
+  using infer::detail::cat;
   if (M < 1 || M > kGemvMaxRows || N < 0 || K < 1)
     throw InvalidArgument(cat("cuda::bf16_gemv: M = ", M, ", N = ", N, ", K = ", K, "; needs 1 <= M <= ", kGemvMaxRows,
                               ", N >= 0, K >= 1"));
@@ -165,22 +265,32 @@ void check_args(const std::uint16_t* w, const std::uint16_t* x, const void* y, i
   if (N > 0x7fffffffLL * kWarps * kRows) throw InvalidArgument(cat("cuda::bf16_gemv: N = ", N, " exceeds one grid"));
 }
 
+
+template <class Out>
+void gemv(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t N, std::int64_t K, Out* y, void* stream) {
+  check_args(w, x, y, M, N, K);
+  if (N == 0) return;
+  if (resolve_gemv_path() == Bf16GemvPath::tensor_cores)
+    launch_tensor_cores(w, x, M, N, K, y, static_cast<cudaStream_t>(stream));
+  else
+    launch(w, x, M, N, K, y, static_cast<cudaStream_t>(stream));
+  backend::cuda::check(cudaGetLastError(), "cuda::bf16_gemv: kernel launch");
+}
+
 }  // namespace
 
 void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t N, std::int64_t K, std::uint16_t* y,
                void* stream) {
-  check_args(w, x, y, M, N, K);
-  if (N == 0) return;
-  launch(w, x, M, N, K, y, static_cast<cudaStream_t>(stream));
-  backend::cuda::check(cudaGetLastError(), "cuda::bf16_gemv: kernel launch");
+  gemv(w, x, M, N, K, y, stream);
 }
 
 void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t N, std::int64_t K, float* y,
                void* stream) {
-  check_args(w, x, y, M, N, K);
-  if (N == 0) return;
-  launch(w, x, M, N, K, y, static_cast<cudaStream_t>(stream));
-  backend::cuda::check(cudaGetLastError(), "cuda::bf16_gemv: kernel launch");
+  gemv(w, x, M, N, K, y, stream);
+}
+
+Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path) {
+  return static_cast<Bf16GemvPath>(g_gemv_path.exchange(static_cast<int>(path), std::memory_order_relaxed));
 }
 
 void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x, int M, std::int64_t I, std::int64_t K,

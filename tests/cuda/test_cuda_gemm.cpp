@@ -351,10 +351,15 @@ TEST_CASE("cuda::bf16_gemv matches gemm_xwt for M = 1..8, bf16 and f32 outputs",
   // split across warps (bf16_gemv.cu's split_for): 1 up to 255 chunks of 8 (K < 2048), 2 for {77, 2056}
   // (257 chunks: a ragged second pass), 4 for {1000, 4096} and {64, 14336}.
   const Shape shapes[] = {{1, 8}, {3, 64}, {333, 1000}, {1000, 4096}, {257, 1032}, {64, 14336}, {77, 2056}};
+  // Both kernels (Bf16GemvPath): the tensor-core one (16-row blocks, eight warps' slices of 32-value k-steps)
+  // meets ragged N and K in the same shapes.
   std::mt19937 rng(test_seed("cuda::bf16_gemv"));
+  for (const auto path : {kc::Bf16GemvPath::cuda_cores, kc::Bf16GemvPath::tensor_cores})
   for (const Shape& s : shapes) {
+    kc::set_bf16_gemv_path(path);
     for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
-      INFO("M=" << M << " N=" << s.N << " K=" << s.K);
+      INFO((path == kc::Bf16GemvPath::tensor_cores ? "tensor cores" : "CUDA cores") << ", M=" << M << " N=" << s.N
+                                                                                    << " K=" << s.K);
       const auto xb = random_bf16(static_cast<std::size_t>(M * s.K), rng);
       const auto wb = random_bf16(static_cast<std::size_t>(s.N * s.K), rng);
       const Reference r = reference(to_f32(xb), to_f32(wb), M, s.N, s.K);
@@ -371,6 +376,7 @@ TEST_CASE("cuda::bf16_gemv matches gemm_xwt for M = 1..8, bf16 and f32 outputs",
       check_close(download<float>(dyf.p, r.y.size()), r.y, r.abs_y, s.K, std::ldexp(1.0, -20), 2.0);
     }
   }
+  kc::set_bf16_gemv_path(kc::Bf16GemvPath::automatic);
   SECTION("operands it cannot take are refused, not miscomputed") {
     test::DeviceMem d(4096);
     CHECK_FALSE(kc::bf16_gemv_supports(d.p, d.p, 12));

@@ -109,6 +109,7 @@ const Heads kHeads[] = {{4, 2, 128, 0}, {32, 8, 128, 0}, {9, 3, 64, 0}, {4, 1, 6
 
 TEST_CASE("cuda::bf16_gemv_rope equals bf16_gemv followed by rope_write_kv, bit for bit", "[cuda][gemm][rope]") {
   std::mt19937 rng(test_seed("cuda::bf16_gemv_rope"));
+  kc::set_bf16_gemv_path(kc::Bf16GemvPath::cuda_cores);  // the kernel bf16_gemv_rope extends
   for (const Heads& h : kHeads)
     for (const std::int64_t K : {64, 1000, 4096})
       for (const int M : {1, 3, 8}) {
@@ -127,6 +128,7 @@ TEST_CASE("cuda::bf16_gemv_rope equals bf16_gemv followed by rope_write_kv, bit 
         CUDA_REQUIRE(cudaDeviceSynchronize());
         CHECK(differences(p, two, fused) == 0);
       }
+  kc::set_bf16_gemv_path(kc::Bf16GemvPath::automatic);
 }
 
 TEST_CASE("cuda::fp8_gemv_rope equals fp8_gemv followed by rope_write_kv, bit for bit", "[cuda][fp8][rope]") {

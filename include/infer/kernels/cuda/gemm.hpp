@@ -152,6 +152,13 @@ void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x_bf16, int M, std::
 void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K, float* y_f32,
                void* stream);
 
+/// Which kernel bf16_gemv runs, process-wide: `automatic` (the default) takes the environment variable
+/// INFER_BF16_GEMV, read once — `tensor_cores` (mma.sync, the weights streamed through shared memory), else
+/// the CUDA cores. Returns the previous choice; takes effect at the next call (a captured CUDA graph keeps the
+/// kernel it captured). For tests and A/B runs. The fused variants below always run on the CUDA cores.
+enum class Bf16GemvPath : int { automatic = 0, cuda_cores = 1, tensor_cores = 2 };
+Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path);
+
 /// SwiGLU fused into the gate/up GEMV: w_gate_up is the stacked [2I][K] weight (gate rows 0..I-1, up rows
 /// I..2I-1) and y[m][i] = bf16(silu(g) * u) with g = x[m]·gate_i, u = x[m]·up_i and silu(g) = g / (1 + e^-g),
 /// all in f32: what bf16_gemv into [M][2I] followed by `swiglu` computes, less the rounding of g and u to
