@@ -23,8 +23,6 @@
 #include "infer/kernels/cuda/int_linear.hpp"
 #include "gemv_split.cuh"
 #include "mma_bf16.cuh"
-#include "tc_gemv_ring.cuh"
-#include "chained_launch.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -98,27 +96,15 @@ __global__ void __launch_bounds__(kWarps * 32) int8_gemv_kernel(const uint4* __r
 // in the decode, one f32 accumulator serves every group. Each weight is rounded to bf16 once, as the
 // dequantization for the GEMM does (dequantize_int4_bf16 decodes with the same instructions, so the two agree
 // bit for bit), and the products are summed in f32.
-// The codes stream through each warp's ring in shared memory (tc_gemv_ring.cuh: with its codes loaded into
-// registers this kernel read 1.6-2.0 TB/s on an H100, ncu 2026-12-06). A slot holds a k-step (64 bytes, 128
-// codes) of the block's 16 rows, then the (s, m) pair of each row's 4 chunks (64 words), then x's M rows at
-// those 128 inputs (M · 256 bytes). Lane (g, t) takes 16 bytes (32 codes) of rows g and g + 8 at chunk t of
-// the step, their pairs, and 64 bytes of x row g at the same inputs. A dot product does not care in which
-// order its inputs come, so pair k of word j of the chunk is the mma's logical columns 2t..2t+1 (a0, a1) or
-// 2t+8..2t+9 (a2, a3), and x's word 4j + k, the matching inputs, its b0 or b1.
-constexpr int kI4ScaleBytes = tc_ring::kRows * 4 * 4;                  // a pair per row and chunk
-constexpr int kI4XOffset = tc_ring::kWeightBytes + kI4ScaleBytes;       // where x starts in a slot
-constexpr int kI4XRowBytes = 4 * 64;                                    // one x row's 4 chunks of 32 bf16
-
-__host__ __device__ constexpr int int4_slot_bytes(int M) { return kI4XOffset + M * kI4XRowBytes; }
-constexpr std::size_t int4_smem_bytes(int M) {
-  return static_cast<std::size_t>(tc_ring::kWarps) * tc_ring::kStages * int4_slot_bytes(M) + sizeof(float) * tc_ring::kPartFloats;
-}
-
-/// Where 16-byte piece i (0..3) of x row m's chunk t sits in a slot's x part: rotated so that the eight lanes
-/// of a phase (two rows g, four t) read eight different 16-byte bank groups.
-__device__ __forceinline__ int int4_x_piece(int m, int t, int i) {
-  return kI4XOffset + ((m * 4 + t) * 4 + (i ^ (t >> 1) ^ ((m & 1) << 1))) * 16;
-}
+// Layout: lane (g, t) of a warp reads 16 bytes (32 codes) of weight rows g and g + 8 at chunk 4·step + t, the
+// two rows' (s, m) pairs of that chunk's group, and 64 bytes of activation row g at the same inputs. A dot
+// product does not care in which order its inputs come, so pair k of word j of the chunk is the mma's logical
+// columns 2t..2t+1 (a0, a1) or 2t+8..2t+9 (a2, a3), and x's word 4j + k, the matching inputs, its b0 or b1.
+// The block's kI4Warps warps take interleaved steps of the same 16 rows, kI4Unroll in flight per lane; their
+// partial sums meet in shared memory in a fixed order.
+constexpr int kI4Warps = 8;
+constexpr int kI4Unroll = 2;
+constexpr int kI4Rows = 16;
 
 __device__ __forceinline__ std::uint32_t bf16x2_sub(std::uint32_t a, std::uint32_t b) {
   std::uint32_t r;
@@ -141,90 +127,72 @@ __device__ __forceinline__ std::uint32_t int4_pair(std::uint32_t word, int k, st
 __device__ __forceinline__ std::uint32_t scale_pair(std::uint32_t sm) { return __byte_perm(sm, 0, 0x1010); }
 __device__ __forceinline__ std::uint32_t min_pair(std::uint32_t sm) { return __byte_perm(sm, 0, 0x3232); }
 
-__device__ __forceinline__ void cp_async_4(std::uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
-}
-
-__global__ void __launch_bounds__(tc_ring::kWarps * 32) int4_gemv_tc_kernel(const std::uint8_t* __restrict__ codes,
-                                                                            const std::uint32_t* __restrict__ scale_min,
-                                                                            std::int64_t groups, std::int64_t chunks_per_group,
-                                                                            const std::uint16_t* __restrict__ x, int M,
-                                                                            std::int64_t N, std::int64_t K,
-                                                                            std::uint16_t* __restrict__ y) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int slot_bytes = int4_slot_bytes(M);
-  float* part = reinterpret_cast<float*>(smem + tc_ring::kWarps * tc_ring::kStages * slot_bytes);
+__global__ void __launch_bounds__(kI4Warps * 32) int4_gemv_tc_kernel(const uint4* __restrict__ w,
+                                                                     const std::uint32_t* __restrict__ scale_min,
+                                                                     std::int64_t groups, std::int64_t chunks_per_group,
+                                                                     const uint4* __restrict__ x, int M, std::int64_t N,
+                                                                     std::int64_t chunks, std::uint16_t* __restrict__ y) {
+  gemv_split::begin();
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * tc_ring::kRows;
-  const std::int64_t chunks = K / 32;  // 16-byte chunks of 32 codes a row
-  const tc_ring::Slice sl = tc_ring::slice_of((chunks + 3) / 4, warp);
-  unsigned char* ring = smem + warp * tc_ring::kStages * slot_bytes;
-  const tc_ring::WeightPieces pieces(codes, row0, N, K / 2, lane);
-  // This lane's pairs: entries lane and lane + 32 (row e / 4, chunk e % 4 of the step).
-  const std::uint32_t* pair_row[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) pair_row[j] = scale_min + min(row0 + (lane + 32 * j) / 4, N - 1) * groups;
-  auto issue = [&](int i) {  // k-step first + i into slot i % kStages; a group is committed either way
-    if (i < sl.count) {
-      const std::int64_t s = sl.first + i;
-      unsigned char* slot = ring + (i % tc_ring::kStages) * slot_bytes;
-      pieces.copy(slot, s, chunks, lane);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const std::int64_t ch = s * 4 + (lane + 32 * j) % 4;
-        const bool ok = ch < chunks;
-        cp_async_4(detail::smem_u32(slot + tc_ring::kWeightBytes + (lane + 32 * j) * 4),
-                   pair_row[j] + (ok ? ch / chunks_per_group : 0), ok);
-      }
-      for (int q = lane; q < M * 16; q += 32) {  // x: row q / 16, chunk (q / 4) % 4, piece q % 4
-        const int m = q / 16, tt = (q / 4) % 4, pc = q % 4;
-        const std::int64_t ch = s * 4 + tt;
-        const bool ok = ch < chunks;
-        detail::cp_async_16(detail::smem_u32(slot + int4_x_piece(m, tt, pc)), x + m * K + (ok ? ch * 32 + pc * 8 : 0), ok);
-      }
-    }
-    detail::cp_async_commit();
-  };
-
-  gemv_split::begin();
-#pragma unroll
-  for (int i = 0; i < tc_ring::kStages - 1; ++i) issue(i);
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kI4Rows;
+  // Rows past N re-read row N - 1 (their sums are not written); x rows past M are never read.
+  const std::int64_t ra = min(row0 + g, N - 1), rb = min(row0 + g + 8, N - 1);
+  const uint4* wa = w + ra * chunks;
+  const uint4* wb = w + rb * chunks;
+  const std::uint32_t* sma = scale_min + ra * groups;
+  const std::uint32_t* smb = scale_min + rb * groups;
   const bool has_x = g < M;
+  const uint4* xr = x + (has_x ? g : 0) * chunks * 4;
+  const std::int64_t steps = (chunks + 3) / 4;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int i = 0; i < sl.count; ++i) {
-    tc_ring::wait_slot();
-    const unsigned char* slot = ring + (i % tc_ring::kStages) * slot_bytes;
-    const uint4 va = *reinterpret_cast<const uint4*>(slot + (g * 4 + t) * 16);
-    const uint4 vb = *reinterpret_cast<const uint4*>(slot + ((g + 8) * 4 + t) * 16);
-    const auto* pairs = reinterpret_cast<const std::uint32_t*>(slot + tc_ring::kWeightBytes);
-    const std::uint32_t pa = pairs[g * 4 + t], pb = pairs[(g + 8) * 4 + t];
-    uint4 xv[4];
+  for (std::int64_t s0 = warp; s0 < steps; s0 += kI4Warps * kI4Unroll) {
+    uint4 va[kI4Unroll], vb[kI4Unroll], xv[kI4Unroll][4];
+    std::uint32_t pa[kI4Unroll], pb[kI4Unroll];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) xv[k] = has_x ? *reinterpret_cast<const uint4*>(slot + int4_x_piece(g, t, k)) : zero;
-    issue(i + tc_ring::kStages - 1);
-    const std::uint32_t sa = scale_pair(pa), ma = min_pair(pa), sb = scale_pair(pb), mb = min_pair(pb);
-    const std::uint32_t a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
+    for (int u = 0; u < kI4Unroll; ++u) {
+      const std::int64_t ch = (s0 + u * kI4Warps) * 4 + t;
+      const bool ok = ch < chunks;  // past the end: codes and x zero (the weight is then m, times x = 0)
+      va[u] = ok ? __ldcs(wa + ch) : zero;
+      vb[u] = ok ? __ldcs(wb + ch) : zero;
+      pa[u] = ok ? __ldg(sma + ch / chunks_per_group) : 0u;
+      pb[u] = ok ? __ldg(smb + ch / chunks_per_group) : 0u;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const std::uint32_t xw[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};  // x words 4j .. 4j + 3
+      for (int i = 0; i < 4; ++i) xv[u][i] = ok && has_x ? __ldg(xr + ch * 4 + i) : zero;
+    }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const std::uint32_t a[4] = {int4_pair(a4[j], 2 * h, sa, ma), int4_pair(b4[j], 2 * h, sb, mb),
-                                    int4_pair(a4[j], 2 * h + 1, sa, ma), int4_pair(b4[j], 2 * h + 1, sb, mb)};
-        detail::mma_m16n8k16_bf16(c, a, xw[2 * h], xw[2 * h + 1]);
+    for (int u = 0; u < kI4Unroll; ++u) {
+      const std::uint32_t sa = scale_pair(pa[u]), ma = min_pair(pa[u]), sb = scale_pair(pb[u]), mb = min_pair(pb[u]);
+      const std::uint32_t a4[4] = {va[u].x, va[u].y, va[u].z, va[u].w}, b4[4] = {vb[u].x, vb[u].y, vb[u].z, vb[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const std::uint32_t xw[4] = {xv[u][j].x, xv[u][j].y, xv[u][j].z, xv[u][j].w};  // x words 4j .. 4j + 3
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const std::uint32_t a[4] = {int4_pair(a4[j], 2 * h, sa, ma), int4_pair(b4[j], 2 * h, sb, mb),
+                                      int4_pair(a4[j], 2 * h + 1, sa, ma), int4_pair(b4[j], 2 * h + 1, sb, mb)};
+          detail::mma_m16n8k16_bf16(c, a, xw[2 * h], xw[2 * h + 1]);
+        }
       }
     }
   }
-  detail::cp_async_wait<0>();
-  tc_ring::store_partial(part, c, warp, lane);
+  // c: rows g (c0, c1) and g + 8 (c2, c3), activation rows 2t and 2t + 1.
+  __shared__ float part[kI4Warps][kI4Rows][8];
+  part[warp][g][2 * t] = c[0];
+  part[warp][g][2 * t + 1] = c[1];
+  part[warp][g + 8][2 * t] = c[2];
+  part[warp][g + 8][2 * t + 1] = c[3];
+  __syncthreads();
   const int i = static_cast<int>(threadIdx.x);
-  if (i >= tc_ring::kRows * M) return;
+  if (i >= kI4Rows * M) return;
   const int r = i / M, m = i % M;
   const std::int64_t row = row0 + r;
   if (row >= N) return;
-  y[m * N + row] = gemv_split::to_bf16(tc_ring::row_sum(part, r, m));
+  float sum = part[0][r][m];
+#pragma unroll
+  for (int k = 1; k < kI4Warps; ++k) sum += part[k][r][m];
+  y[m * N + row] = gemv_split::to_bf16(sum);
 }
 
 template <int M, class Launch>
@@ -423,14 +391,10 @@ void int4_gemv(const std::uint8_t* codes, const std::uint32_t* scale_min, std::i
   if (!int4_shape_supported(K, G))
     throw InvalidArgument(infer::detail::cat("cuda::int4_gemv: K = ", K, ", G = ", G, "; K and G must be multiples of 32, G dividing K"));
   if (N == 0) return;
-  if ((N + tc_ring::kRows - 1) / tc_ring::kRows > 0x7fffffffLL)
-    throw InvalidArgument(infer::detail::cat("cuda::int4_gemv: N = ", N, " exceeds one grid"));
-  static const cudaError_t raised = cudaFuncSetAttribute(int4_gemv_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         static_cast<int>(int4_smem_bytes(kGemvMaxRows)));
-  backend::cuda::check(raised, "cuda::int4_gemv: raising the kernel's shared memory");
-  chained::launch(int4_gemv_tc_kernel, dim3(static_cast<unsigned>((N + tc_ring::kRows - 1) / tc_ring::kRows)),
-                  dim3(tc_ring::kWarps * 32), int4_smem_bytes(M), static_cast<cudaStream_t>(stream), codes, scale_min,
-                  K / G, G / 32, x, M, N, K, y);
+  if ((N + kI4Rows - 1) / kI4Rows > 0x7fffffffLL) throw InvalidArgument(infer::detail::cat("cuda::int4_gemv: N = ", N, " exceeds one grid"));
+  gemv_split::launch(int4_gemv_tc_kernel, dim3(static_cast<unsigned>((N + kI4Rows - 1) / kI4Rows)), dim3(kI4Warps * 32),
+                     static_cast<cudaStream_t>(stream), reinterpret_cast<const uint4*>(codes), scale_min, K / G, G / 32,
+                     reinterpret_cast<const uint4*>(x), M, N, K / 32, y);
   backend::cuda::check(cudaGetLastError(), "cuda::int4_gemv: kernel launch");
 }
 
