@@ -139,16 +139,17 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const uint4* x, st
 }
 
 // ---- on the tensor cores, the weights streamed through shared memory (INFER_BF16_GEMV=tensor_cores) ---------
-// tc_gemv_ring.cuh's layout: a block owns 16 rows, each warp streams a slice of the k-steps (64 bytes, 32
-// values, of every row) through its ring of cp.async slots, and mma.sync m16n8k16 multiplies them by x's M
-// ≤ 8 rows (the n8 extent), which ride in the slot after the weights (M · 64 bytes). Lane (g, t) holds 8
+// tc_gemv_ring.cuh's layout: a block owns 16 rows, each warp streams a slice of the slots (256 bytes, 128
+// values, of every row: four k-steps) through its ring of cp.async slots, and mma.sync m16n8k16 multiplies
+// them by x's M ≤ 8 rows (the n8 extent), which ride in the slot after the weights (M · 256 bytes). Lane (g, t) holds 8
 // values of rows g and g + 8 (chunk t of the step) and the matching 8 of x row g: words 0-1 are the first
 // mma's logical k 2t..2t+1 and 2t+8..2t+9, words 2-3 the second's (a dot product does not care in which
 // order its k run). Sums in the tensor cores' f32 accumulators across the whole slice.
 // Why: the CUDA-core kernel above holds its loads in registers (4 KiB in flight per warp), and at M > 1 each
 // lane re-reads x and keeps kRows · M sums, which is why cuBLASLt wins from M = 2 (kBf16GemvPreferredRows).
-// Not yet measured; off unless INFER_BF16_GEMV=tensor_cores (bench/gpu_suite.sh bf16-ab).
-__host__ __device__ constexpr int bf16_slot_bytes(int M) { return tc_ring::kWeightBytes + M * 64; }
+// Off unless INFER_BF16_GEMV=tensor_cores (bench/gpu_suite.sh bf16-ab): the first ring, 64 bytes of a row per
+// copy, ran Llama-3-8B's batch-1 decode at 153.6 tok/s against the CUDA-core kernel's 178.2 (H100, 9b7349e).
+__host__ __device__ constexpr int bf16_slot_bytes(int M) { return tc_ring::kWeightBytes + M * tc_ring::kRowBytes; }
 constexpr std::size_t bf16_tc_smem_bytes(int M) {
   return static_cast<std::size_t>(tc_ring::kWarps) * tc_ring::kStages * bf16_slot_bytes(M) + sizeof(float) * tc_ring::kPartFloats;
 }
@@ -164,19 +165,20 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) bf16_gemv_tc_kernel(cons
   const int g = lane >> 2, t = lane & 3;
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * tc_ring::kRows;
   const std::int64_t chunks = K / 8;  // 16-byte chunks of 8 values a row
-  const tc_ring::Slice sl = tc_ring::slice_of((chunks + 3) / 4, warp);
+  const tc_ring::Slice sl = tc_ring::slice_of((chunks + tc_ring::kPieces - 1) / tc_ring::kPieces, warp);
   unsigned char* ring = smem + warp * tc_ring::kStages * slot_bytes;
   const tc_ring::WeightPieces pieces(reinterpret_cast<const std::uint8_t*>(w), row0, N, K * 2, lane);
-  const bool copies_x = lane < M * 4;  // piece lane of x's step: row lane / 4, chunk lane % 4
-  const std::uint16_t* xsrc = x + (copies_x ? lane / 4 : 0) * K + (lane % 4) * 8;
-  auto issue = [&](int i) {  // k-step first + i into slot i % kStages; a group is committed either way
+  auto issue = [&](int i) {  // slot first + i into ring slot i % kStages; a group is committed either way
     if (i < sl.count) {
       const std::int64_t s = sl.first + i;
       unsigned char* slot = ring + (i % tc_ring::kStages) * slot_bytes;
       pieces.copy(slot, s, chunks, lane);
-      if (copies_x) {
-        const bool ok = s * 4 + lane % 4 < chunks;
-        detail::cp_async_16(detail::smem_u32(slot + tc_ring::kWeightBytes + lane * 16), ok ? xsrc + s * 32 : xsrc, ok);
+      for (int q = lane; q < M * tc_ring::kPieces; q += 32) {  // x: row q / 16, piece q % 16
+        const int m = q / tc_ring::kPieces, col = q % tc_ring::kPieces;
+        const std::int64_t ch = s * tc_ring::kPieces + col;
+        const bool ok = ch < chunks;
+        detail::cp_async_16(detail::smem_u32(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(m, col)),
+                            x + m * K + (ok ? ch * 8 : 0), ok);
       }
     }
     detail::cp_async_commit();
@@ -190,14 +192,22 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) bf16_gemv_tc_kernel(cons
   for (int i = 0; i < sl.count; ++i) {
     tc_ring::wait_slot();
     const unsigned char* slot = ring + (i % tc_ring::kStages) * slot_bytes;
-    const uint4 va = *reinterpret_cast<const uint4*>(slot + (g * 4 + t) * 16);
-    const uint4 vb = *reinterpret_cast<const uint4*>(slot + ((g + 8) * 4 + t) * 16);
-    const uint4 xv = has_x ? *reinterpret_cast<const uint4*>(slot + tc_ring::kWeightBytes + (g * 4 + t) * 16)
-                           : make_uint4(0, 0, 0, 0);
+    uint4 va[tc_ring::kStepsPerSlot], vb[tc_ring::kStepsPerSlot], vx[tc_ring::kStepsPerSlot];
+#pragma unroll
+    for (int h = 0; h < tc_ring::kStepsPerSlot; ++h) {
+      const int col = 4 * h + t;
+      va[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::piece_offset(g, col));
+      vb[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::piece_offset(g + 8, col));
+      vx[h] = has_x ? *reinterpret_cast<const uint4*>(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(g, col))
+                    : make_uint4(0, 0, 0, 0);
+    }
     issue(i + tc_ring::kStages - 1);
-    const std::uint32_t a0[4] = {va.x, vb.x, va.y, vb.y}, a1[4] = {va.z, vb.z, va.w, vb.w};
-    detail::mma_m16n8k16_bf16(c, a0, xv.x, xv.y);
-    detail::mma_m16n8k16_bf16(c, a1, xv.z, xv.w);
+#pragma unroll
+    for (int h = 0; h < tc_ring::kStepsPerSlot; ++h) {
+      const std::uint32_t a0[4] = {va[h].x, vb[h].x, va[h].y, vb[h].y}, a1[4] = {va[h].z, vb[h].z, va[h].w, vb[h].w};
+      detail::mma_m16n8k16_bf16(c, a0, vx[h].x, vx[h].y);
+      detail::mma_m16n8k16_bf16(c, a1, vx[h].z, vx[h].w);
+    }
   }
   detail::cp_async_wait<0>();
   tc_ring::store_partial(part, c, warp, lane);

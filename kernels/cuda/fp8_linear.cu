@@ -7,7 +7,7 @@
 // and scales are bit for bit the CPU's for the same f32 inputs. Launched chained (chained_launch.cuh): at
 // batch 1 it sits between two kernels of the decode step.
 //
-// fp8_gemv on the CUDA cores (INFER_FP8_GEMV=cuda_cores; the tensor-core kernel below is the default):
+// fp8_gemv on the CUDA cores (the default; INFER_FP8_GEMV=tensor_cores picks the tensor-core kernel below):
 // bf16_gemv.cu's layout (gemv_split.cuh) on 16-byte chunks of 16 codes. A weight chunk and the
 // matching activation chunk are decoded pairwise to f16 (e4m3 → f16 is exact: every e4m3 value, subnormals
 // included, is a normal f16) and then to f32, where each product is exact (4 significant bits each) and
@@ -291,18 +291,16 @@ void launch_cuda_cores(const uint4* w4, const float* w_scale, const uint4* x4, c
 // much smaller than Σ|products|.
 using tc_ring::kStages;
 
-/// Bytes of one ring slot: the weights' k-step, and with pre-made codes the M ≤ 8 rows' 64 codes of x.
-template <bool kQuantizeX>
-constexpr int slot_bytes() {
-  return tc_ring::kWeightBytes + (kQuantizeX ? 0 : kGemvMaxRows * 64);
+/// Bytes of one ring slot: the weights' 256 bytes of 16 rows, and with pre-made codes x's M rows' 256 codes.
+__host__ __device__ constexpr int fp8_slot_bytes(bool quantize_x, int M) {
+  return tc_ring::kWeightBytes + (quantize_x ? 0 : M * tc_ring::kRowBytes);
 }
 
 /// The kernel's shared memory: the rings, the warps' partial sums, x's scales and per-warp maxima, then
-/// (kQuantizeX) x's codes, M·K bytes.
-template <bool kQuantizeX>
-constexpr std::size_t stream_smem_fixed() {
-  return static_cast<std::size_t>(tc_ring::kWarps) * kStages * slot_bytes<kQuantizeX>() +
-         sizeof(float) * (tc_ring::kPartFloats + 8 + tc_ring::kWarps * 8);
+/// (quantize_x) x's codes, M·K bytes.
+constexpr std::size_t fp8_smem_bytes(bool quantize_x, int M, std::int64_t K) {
+  return static_cast<std::size_t>(tc_ring::kWarps) * kStages * fp8_slot_bytes(quantize_x, M) +
+         sizeof(float) * (tc_ring::kPartFloats + 8 + tc_ring::kWarps * 8) + (quantize_x ? static_cast<std::size_t>(M * K) : 0);
 }
 
 __device__ __forceinline__ void mma_e4m3(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
@@ -358,30 +356,33 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const
                                                                            std::int64_t N, std::int64_t K,
                                                                            std::uint16_t* __restrict__ y) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kSlot = slot_bytes<kQuantizeX>();
-  float* part = reinterpret_cast<float*>(smem + tc_ring::kWarps * kStages * kSlot);  // [warp][row][m]
-  float* xs = part + tc_ring::kPartFloats;                                           // [8]
-  float* warp_max = xs + 8;                                                          // [warp][8]
-  auto* xq = reinterpret_cast<std::uint8_t*>(warp_max + tc_ring::kWarps * 8);        // [M][K], kQuantizeX
+  const int slot_bytes = fp8_slot_bytes(kQuantizeX, M);
+  float* part = reinterpret_cast<float*>(smem + tc_ring::kWarps * kStages * slot_bytes);  // [warp][row][m]
+  float* xs = part + tc_ring::kPartFloats;                                                // [8]
+  float* warp_max = xs + 8;                                                               // [warp][8]
+  auto* xq = reinterpret_cast<std::uint8_t*>(warp_max + tc_ring::kWarps * 8);             // [M][K], kQuantizeX
 
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int g = lane >> 2, t = lane & 3;
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * tc_ring::kRows;
   const std::int64_t chunks = K / 16;
-  const tc_ring::Slice sl = tc_ring::slice_of((chunks + 3) / 4, warp);
-  unsigned char* ring = smem + warp * kStages * kSlot;
+  const tc_ring::Slice sl = tc_ring::slice_of((chunks + tc_ring::kPieces - 1) / tc_ring::kPieces, warp);
+  unsigned char* ring = smem + warp * kStages * slot_bytes;
   const tc_ring::WeightPieces pieces(w, row0, N, K, lane);
-  // With pre-made codes this lane also copies piece lane of x's k-step (row lane / 4 < M).
-  const bool copies_x = !kQuantizeX && lane / 4 < M;
-  const auto* xsrc = static_cast<const std::uint8_t*>(x) + (copies_x ? lane / 4 : 0) * K + (lane % 4) * 16;
-  auto issue = [&](int i) {  // k-step first + i into slot i % kStages; a group is committed either way
+  const auto* xcodes = static_cast<const std::uint8_t*>(x);
+  auto issue = [&](int i) {  // slot first + i into ring slot i % kStages; a group is committed either way
     if (i < sl.count) {
       const std::int64_t s = sl.first + i;
-      unsigned char* slot = ring + (i % kStages) * kSlot;
+      unsigned char* slot = ring + (i % kStages) * slot_bytes;
       pieces.copy(slot, s, chunks, lane);
-      if (copies_x) {
-        const bool ok = s * 4 + lane % 4 < chunks;
-        detail::cp_async_16(detail::smem_u32(slot + tc_ring::kWeightBytes + lane * 16), ok ? xsrc + s * 64 : xsrc, ok);
+      if constexpr (!kQuantizeX) {
+        for (int q = lane; q < M * tc_ring::kPieces; q += 32) {  // x's codes: row q / 16, piece q % 16
+          const int m = q / tc_ring::kPieces, col = q % tc_ring::kPieces;
+          const std::int64_t ch = s * tc_ring::kPieces + col;
+          const bool ok = ch < chunks;
+          detail::cp_async_16(detail::smem_u32(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(m, col)),
+                              xcodes + m * K + (ok ? ch * 16 : 0), ok);
+        }
       }
     }
     detail::cp_async_commit();
@@ -396,23 +397,31 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = 0; i < sl.count; ++i) {
     tc_ring::wait_slot();
-    const unsigned char* slot = ring + (i % kStages) * kSlot;
-    const uint4 va = *reinterpret_cast<const uint4*>(slot + (g * 4 + t) * 16);
-    const uint4 vb = *reinterpret_cast<const uint4*>(slot + ((g + 8) * 4 + t) * 16);
-    uint4 vx = zero;
-    if constexpr (kQuantizeX) {
-      const std::int64_t ch = (sl.first + i) * 4 + t;
-      if (has_x && ch < chunks) vx = *reinterpret_cast<const uint4*>(xq + g * K + ch * 16);
-    } else {
-      if (has_x) vx = *reinterpret_cast<const uint4*>(slot + tc_ring::kWeightBytes + (g * 4 + t) * 16);
+    const unsigned char* slot = ring + (i % kStages) * slot_bytes;
+    uint4 va[tc_ring::kStepsPerSlot], vb[tc_ring::kStepsPerSlot], vx[tc_ring::kStepsPerSlot];
+#pragma unroll
+    for (int h = 0; h < tc_ring::kStepsPerSlot; ++h) {
+      const int col = 4 * h + t;
+      va[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::piece_offset(g, col));
+      vb[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::piece_offset(g + 8, col));
+      vx[h] = zero;
+      if constexpr (kQuantizeX) {
+        const std::int64_t ch = (sl.first + i) * tc_ring::kPieces + col;
+        if (has_x && ch < chunks) vx[h] = *reinterpret_cast<const uint4*>(xq + g * K + ch * 16);
+      } else {
+        if (has_x) vx[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(g, col));
+      }
     }
     issue(i + kStages - 1);
-    // Each k-step's 64 products are summed from zero and then added to c in f32 (see the rounding note).
-    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mma_e4m3(p, va.x, vb.x, va.y, vb.y, vx.x, vx.y);
-    mma_e4m3(p, va.z, vb.z, va.w, vb.w, vx.z, vx.w);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) c[j] += p[j];
+    for (int h = 0; h < tc_ring::kStepsPerSlot; ++h) {
+      // Each k-step's 64 products are summed from zero and then added to c in f32 (see the rounding note).
+      float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_e4m3(p, va[h].x, vb[h].x, va[h].y, vb[h].y, vx[h].x, vx[h].y);
+      mma_e4m3(p, va[h].z, vb[h].z, va[h].w, vb[h].w, vx[h].z, vx[h].w);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[j] += p[j];
+    }
   }
   detail::cp_async_wait<0>();
   tc_ring::store_partial(part, c, warp, lane);
@@ -426,18 +435,17 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const
 }
 
 /// Launches the tensor-core kernel: N / 16 blocks, the shared memory it needs (raised past the 48 KiB default
-/// once per instance).
+/// once per instance, to the most any M takes).
 template <bool kQuantizeX>
 void launch_tensor_cores(const std::uint8_t* w, const float* w_scale, const void* x, const float* x_scale, int M,
                          std::int64_t N, std::int64_t K, std::uint16_t* y, cudaStream_t s) {
-  const std::size_t smem = stream_smem_fixed<kQuantizeX>() + (kQuantizeX ? static_cast<std::size_t>(M * K) : 0);
   static const cudaError_t raised = cudaFuncSetAttribute(
       fp8_gemv_tc_kernel<kQuantizeX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(stream_smem_fixed<kQuantizeX>() + (kQuantizeX ? kFp8GemvQuantizeMaxValues : 0)));
+      static_cast<int>(kQuantizeX ? fp8_smem_bytes(true, 1, kFp8GemvQuantizeMaxValues) : fp8_smem_bytes(false, kGemvMaxRows, 0)));
   backend::cuda::check(raised, "cuda::fp8_gemv: raising the tensor-core kernel's shared memory");
   const auto blocks = static_cast<unsigned>((N + tc_ring::kRows - 1) / tc_ring::kRows);
-  chained::launch(fp8_gemv_tc_kernel<kQuantizeX>, dim3(blocks), dim3(tc_ring::kWarps * 32), smem, s, w, w_scale, x, x_scale, M, N,
-                  K, y);
+  chained::launch(fp8_gemv_tc_kernel<kQuantizeX>, dim3(blocks), dim3(tc_ring::kWarps * 32), fp8_smem_bytes(kQuantizeX, M, K),
+                  s, w, w_scale, x, x_scale, M, N, K, y);
 }
 
 std::atomic<int> g_gemv_path{static_cast<int>(Fp8GemvPath::automatic)};
@@ -447,7 +455,7 @@ Fp8GemvPath resolve_gemv_path() {
   if (p != Fp8GemvPath::automatic) return p;
   static const Fp8GemvPath env = [] {
     const char* v = std::getenv("INFER_FP8_GEMV");
-    return v != nullptr && std::strcmp(v, "cuda_cores") == 0 ? Fp8GemvPath::cuda_cores : Fp8GemvPath::tensor_cores;
+    return v != nullptr && std::strcmp(v, "tensor_cores") == 0 ? Fp8GemvPath::tensor_cores : Fp8GemvPath::cuda_cores;
   }();
   return env;
 }

@@ -1,20 +1,23 @@
 #pragma once
-// What the tensor-core GEMVs (fp8_linear.cu's FP8 kernel, int_linear.cu's INT4 kernel) share: a block owns 16
-// weight rows (one mma's m16 extent); its kWarps warps take consecutive slices of the k-steps (64 bytes of
-// every row each) and each warp streams its slice through its own ring of kStages slots in shared memory,
-// filled by cp.async. The warp waits for its own copies only (cp.async.wait_group, then __syncwarp so that
-// every lane's have landed): no block barrier in the streaming loop.
+// What the tensor-core GEMVs (fp8_linear.cu's FP8 kernel, bf16_gemv.cu's tensor-core kernel) share: a block
+// owns 16 weight rows (one mma's m16 extent); its kWarps warps take consecutive slices of the rows' slots
+// (256 bytes of every row each, four k-steps of 64) and each warp streams its slice through its own ring of
+// kStages slots in shared memory, filled by cp.async. The warp waits for its own copies only
+// (cp.async.wait_group, then __syncwarp so that every lane's have landed): no block barrier in the loop.
 //
-// Why: the first tensor-core GEMVs (2026-12-05/06) loaded weights into registers, eight warps on
-// interleaved k-steps of the same 16 rows. ncu on an H100 (2026-12-06, cold caches, each kernel alone):
-// the FP8 one read 2.8 TB/s on Llama-3-8B's gate_up but ~1.9 TB/s on the N = 4096 projections, the INT4
-// one 1.6-2.0. With ~60-85 registers a thread and 2-4 KiB of loads in flight per warp, an SM had 50-65 KiB
-// in flight, about what the H100's HBM needs to cover its latency at full rate and no margin. A ring holds
-// kStages - 1 slots in flight per warp whatever the registers: ~110 KiB an SM at two blocks.
+// Why a ring: the first tensor-core GEMVs (2026-12-05/06) loaded weights into registers, eight warps on
+// interleaved k-steps of the same 16 rows; ncu on an H100 (2026-12-06, cold caches, each kernel alone) had the
+// FP8 one at 2.8 TB/s on Llama-3-8B's gate_up but ~1.9 TB/s on the N = 4096 projections. A ring keeps
+// kStages - 1 slots in flight per warp whatever the registers.
+// Why 256 contiguous bytes of a row per slot: the first ring (9b7349e) copied 64 bytes of each of the 16 rows
+// per k-step, half a 128-byte line, and read only 2.0-2.4 TB/s on an H100 (bf16: 153.6 tok/s against 178.2 for
+// the CUDA-core GEMV, whose warps read 512 contiguous bytes of a row per load). Here one cp.async instruction of
+// a warp covers two rows × 256 bytes.
 //
-// A slot begins with the weights' k-step: piece p (of 64: row p / 4, 16 bytes p % 4 of the step) at p · 16,
-// so that lane (g, t) reads its rows' pieces g·4 + t and (g + 8)·4 + t with no bank conflict (a phase's
-// eight lanes read two rows, 128 contiguous bytes). What follows the weights in a slot is the kernel's.
+// Slot layout: row r's 16 pieces of 16 bytes at r · 256, piece c stored at c ^ ((r & 1) · 4) so that lane
+// (g, t) reading piece 4h + t of rows g and g + 8 (k-step h of the slot) meets no bank conflict: a phase's
+// eight lanes read rows g = 0, 1, whose pieces then sit in different halves of the 128-byte bank window.
+// What follows the weights in a slot is the kernel's (piece_offset places x's rows the same way).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -23,41 +26,47 @@
 
 namespace infer::kernels::cuda::tc_ring {
 
-constexpr int kWarps = 8;                  // warps per block
-constexpr int kStages = 8;                 // slots in each warp's ring
-constexpr int kRows = 16;                  // weight rows per block
-constexpr int kWeightBytes = kRows * 64;   // one k-step of the block's rows: 64 pieces of 16 bytes
+constexpr int kWarps = 4;                        // warps per block
+constexpr int kStages = 6;                       // slots in each warp's ring
+constexpr int kRows = 16;                        // weight rows per block
+constexpr int kPieces = 16;                      // 16-byte pieces of a row in a slot
+constexpr int kRowBytes = kPieces * 16;          // 256
+constexpr int kWeightBytes = kRows * kRowBytes;  // the weights' part of a slot
+constexpr int kStepsPerSlot = kPieces / 4;       // k-steps of 64 bytes
 
-/// Warp `warp`'s k-steps: first, first + 1, ..., first + count - 1, of `steps`.
+/// Where piece c of row r sits in a block of rows laid out as a slot's weights are.
+__device__ __forceinline__ int piece_offset(int r, int c) { return r * kRowBytes + ((c ^ ((r & 1) << 2)) << 4); }
+
+/// Warp `warp`'s slots: first, first + 1, ..., first + count - 1, of `slots`.
 struct Slice {
   std::int64_t first;
   int count;
 };
-__device__ __forceinline__ Slice slice_of(std::int64_t steps, int warp) {
-  const std::int64_t per = (steps + kWarps - 1) / kWarps;
-  const std::int64_t first = min(steps, warp * per);
-  return {first, static_cast<int>(min(steps, first + per) - first)};
+__device__ __forceinline__ Slice slice_of(std::int64_t slots, int warp) {
+  const std::int64_t per = (slots + kWarps - 1) / kWarps;
+  const std::int64_t first = min(slots, warp * per);
+  return {first, static_cast<int>(min(slots, first + per) - first)};
 }
 
-/// The two weight pieces this lane copies into every slot (pieces lane and lane + 32): their rows' start
-/// plus the piece's offset in a step. Rows past N re-read row N - 1 (their sums are never written).
+/// The weight pieces this lane copies into every slot: piece lane % 16 of rows 2j + lane / 16, j = 0..7 (one
+/// instruction of the warp: two rows, 256 contiguous bytes each). Rows past N re-read row N - 1 (their sums
+/// are never written).
 struct WeightPieces {
-  const std::uint8_t* src[2];
+  const std::uint8_t* src[kRows / 2];
+  int col;
   __device__ __forceinline__ WeightPieces(const std::uint8_t* w, std::int64_t row0, std::int64_t N, std::int64_t row_bytes,
-                                          int lane) {
+                                          int lane)
+      : col(lane % kPieces) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int p = lane + 32 * j;
-      src[j] = w + min(row0 + p / 4, N - 1) * row_bytes + (p % 4) * 16;
-    }
+    for (int j = 0; j < kRows / 2; ++j) src[j] = w + min(row0 + 2 * j + lane / kPieces, N - 1) * row_bytes + col * 16;
   }
-  /// Copies k-step s (`chunks` 16-byte chunks a row; pieces past them zero-filled) into `slot`.
+  /// Copies slot s of the rows (`chunks` 16-byte chunks a row; pieces past them zero-filled) into `slot`.
   __device__ __forceinline__ void copy(unsigned char* slot, std::int64_t s, std::int64_t chunks, int lane) const {
+    const bool ok = s * kPieces + col < chunks;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const bool ok = s * 4 + (lane + 32 * j) % 4 < chunks;
-      detail::cp_async_16(detail::smem_u32(slot + (lane + 32 * j) * 16), ok ? src[j] + s * 64 : src[j], ok);
-    }
+    for (int j = 0; j < kRows / 2; ++j)
+      detail::cp_async_16(detail::smem_u32(slot + piece_offset(2 * j + lane / kPieces, col)),
+                          ok ? src[j] + s * kRowBytes : src[j], ok);
   }
 };
 

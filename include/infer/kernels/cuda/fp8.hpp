@@ -10,9 +10,9 @@
 /// - `fp8_gemv`: y[m][n] = s_x[m] · s_w[n] · Σ_k e4m3(x_q[m][k]) · e4m3(w_q[n][k]) for M = 1..kGemvMaxRows, bf16
 ///   out: the batch-1 decode path, bound by reading the weight codes (half of bf16's bytes). Each product of
 ///   two e4m3 values is exact; the scales are applied once per output. Two kernels (Fp8GemvPath): on the
-///   tensor cores (the default: mma.sync m16n8k32 e4m3, the weights streamed through shared memory; Hopper
-///   adds each k-step's products with ~14 significant bits before they reach an f32 accumulator), or on the
-///   CUDA cores (f32 sums throughout).
+///   CUDA cores (the default; f32 sums throughout), or on the tensor cores (mma.sync m16n8k32 e4m3, the
+///   weights streamed through shared memory; Hopper adds each k-step's products with ~14 significant bits
+///   before they reach an f32 accumulator).
 /// - `fp8_gemv_bf16`: the same product from x's bf16 rows, which the tensor-core kernel quantizes itself
 ///   (quantize_rows_e4m3's codes and scales bit for bit): one kernel per projection at batch 1 instead of two.
 ///
@@ -74,7 +74,7 @@ void fp8_gemv_rope(const std::uint8_t* w_q, const float* w_scale, const std::uin
                    std::int64_t K, const RopeKvWrite& rope, std::uint16_t* y_bf16, void* stream);
 
 /// Which kernel fp8_gemv runs, process-wide: `automatic` (the default) takes the environment variable
-/// INFER_FP8_GEMV, read once — `cuda_cores`, else the tensor cores. Returns the previous choice; takes
+/// INFER_FP8_GEMV, read once — `tensor_cores`, else the CUDA cores. Returns the previous choice; takes
 /// effect at the next call (a captured CUDA graph keeps the kernel it captured). For tests and A/B runs.
 enum class Fp8GemvPath : int { automatic = 0, cuda_cores = 1, tensor_cores = 2 };
 Fp8GemvPath set_fp8_gemv_path(Fp8GemvPath path);
