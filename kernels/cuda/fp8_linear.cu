@@ -278,11 +278,11 @@ void launch_cuda_cores(const uint4* w4, const float* w_scale, const uint4* x4, c
 // in shared memory (tc_gemv_ring.cuh says why and how). A dot product does not care in which order its k
 // run: A's logical columns 4t..4t+3 and 16+4t..16+4t+3 are lane (g, t)'s piece's words 0 and 1 (the second
 // mma: words 2 and 3), and B's rows the same codes of x.
-// The activation: with fp8_gemv_bf16 the block quantizes x's rows itself into shared memory first, with
-// quantize_rows_e4m3's arithmetic (so the codes and scales are bit for bit the separate kernel's), while the
-// first weight copies are in flight: at batch 1 that is 8-28 KiB of bf16 per block read from L2, against a
-// kernel launch less per projection. With fp8_gemv (codes already made) the M rows' 64 codes of each
-// k-step ride in the ring slot after the weights.
+// The activation's codes (quantize_rows_e4m3's) ride in each slot after the weights, M rows' 256 codes.
+// Measured and removed (173176b, H100, Llama-3-8B FP8 batch 1): the block quantizing x's bf16 rows itself
+// (bit for bit quantize_rows_e4m3, a kernel less per projection) made the step slower, 217 tok/s against 265
+// with the CUDA-core GEMV and a separate quantization: every block repeated the row's max and 4,096-14,336
+// divisions before its first mma (gate_up 55 us under ncu, its 1,792 blocks in ~7 waves).
 // Rounding: each product of two codes is exact, but Hopper's FP8 tensor cores add with ~14 significant bits
 // (DeepSeek-V3's report, section 3.3.2, found ~2% errors at K = 4096 when a GEMM accumulates in them
 // throughout). So each k-step's two mma start from zero, and their sum (64 products, ~2^-14 of their
@@ -291,16 +291,12 @@ void launch_cuda_cores(const uint4* w4, const float* w_scale, const uint4* x4, c
 // much smaller than Σ|products|.
 using tc_ring::kStages;
 
-/// Bytes of one ring slot: the weights' 256 bytes of 16 rows, and with pre-made codes x's M rows' 256 codes.
-__host__ __device__ constexpr int fp8_slot_bytes(bool quantize_x, int M) {
-  return tc_ring::kWeightBytes + (quantize_x ? 0 : M * tc_ring::kRowBytes);
-}
+/// Bytes of one ring slot: the weights' 256 bytes of 16 rows, then x's M rows' 256 codes.
+__host__ __device__ constexpr int fp8_slot_bytes(int M) { return tc_ring::kWeightBytes + M * tc_ring::kRowBytes; }
 
-/// The kernel's shared memory: the rings, the warps' partial sums, x's scales and per-warp maxima, then
-/// (quantize_x) x's codes, M·K bytes.
-constexpr std::size_t fp8_smem_bytes(bool quantize_x, int M, std::int64_t K) {
-  return static_cast<std::size_t>(tc_ring::kWarps) * kStages * fp8_slot_bytes(quantize_x, M) +
-         sizeof(float) * (tc_ring::kPartFloats + 8 + tc_ring::kWarps * 8) + (quantize_x ? static_cast<std::size_t>(M * K) : 0);
+/// The kernel's shared memory: the rings, then the warps' partial sums.
+constexpr std::size_t fp8_smem_bytes(int M) {
+  return static_cast<std::size_t>(tc_ring::kWarps) * kStages * fp8_slot_bytes(M) + sizeof(float) * tc_ring::kPartFloats;
 }
 
 __device__ __forceinline__ void mma_e4m3(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
@@ -312,55 +308,16 @@ __device__ __forceinline__ void mma_e4m3(float (&c)[4], unsigned a0, unsigned a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/// x's M bf16 rows (K a multiple of 8, 16-byte aligned) quantized by the whole block into `codes` [M][K] and
-/// `scales` [M], as quantize_rows_vec_kernel does: the row's max |x| (per warp by shuffles into `warp_max`,
-/// then across the warps), s = max / 448, each code e4m3(x / s). Ends with a block barrier.
-__device__ void quantize_x_rows(const uint4* __restrict__ x, int M, std::int64_t K, std::uint8_t* codes, float* scales,
-                                float* warp_max) {
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const std::int64_t per_row = K / 8;
-  for (int m = 0; m < M; ++m) {
-    float amax = 0.0f;
-    for (std::int64_t c = threadIdx.x; c < per_row; c += tc_ring::kWarps * 32) {
-      float f[8];
-      load8(reinterpret_cast<const std::uint16_t*>(x + m * per_row), c, f);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(f[e]));
-    }
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) warp_max[warp * 8 + m] = amax;
-  }
-  __syncthreads();
-  if (threadIdx.x < static_cast<unsigned>(M)) {
-    float amax = warp_max[threadIdx.x];
-    for (int w = 1; w < tc_ring::kWarps; ++w) amax = fmaxf(amax, warp_max[w * 8 + threadIdx.x]);
-    scales[threadIdx.x] = __fdiv_rn(amax, kE4m3Max);
-  }
-  __syncthreads();
-  for (std::int64_t i = threadIdx.x; i < M * per_row; i += tc_ring::kWarps * 32) {
-    const std::int64_t m = i / per_row;
-    float f[8];
-    load8(reinterpret_cast<const std::uint16_t*>(x + m * per_row), i % per_row, f);
-    store8(codes + m * K, i % per_row, f, scales[m]);
-  }
-  __syncthreads();
-}
-
-/// y[m][n] = bf16(s_x[m] · s_w[n] · Σ_k x_q[m][k] · w_q[n][k]) for the block's 16 rows. kQuantizeX: `x` is
-/// M bf16 rows, quantized here (x_scale unused); else `x` is M rows of codes with their scales x_scale.
-template <bool kQuantizeX>
+/// y[m][n] = bf16(s_x[m] · s_w[n] · Σ_k x_q[m][k] · w_q[n][k]) for the block's 16 rows.
 __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const std::uint8_t* __restrict__ w,
                                                                            const float* __restrict__ w_scale,
-                                                                           const void* __restrict__ x,
+                                                                           const std::uint8_t* __restrict__ x,
                                                                            const float* __restrict__ x_scale, int M,
                                                                            std::int64_t N, std::int64_t K,
                                                                            std::uint16_t* __restrict__ y) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int slot_bytes = fp8_slot_bytes(kQuantizeX, M);
+  const int slot_bytes = fp8_slot_bytes(M);
   float* part = reinterpret_cast<float*>(smem + tc_ring::kWarps * kStages * slot_bytes);  // [warp][row][m]
-  float* xs = part + tc_ring::kPartFloats;                                                // [8]
-  float* warp_max = xs + 8;                                                               // [warp][8]
-  auto* xq = reinterpret_cast<std::uint8_t*>(warp_max + tc_ring::kWarps * 8);             // [M][K], kQuantizeX
 
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -369,20 +326,17 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const
   const tc_ring::Slice sl = tc_ring::slice_of((chunks + tc_ring::kPieces - 1) / tc_ring::kPieces, warp);
   unsigned char* ring = smem + warp * kStages * slot_bytes;
   const tc_ring::WeightPieces pieces(w, row0, N, K, lane);
-  const auto* xcodes = static_cast<const std::uint8_t*>(x);
   auto issue = [&](int i) {  // slot first + i into ring slot i % kStages; a group is committed either way
     if (i < sl.count) {
       const std::int64_t s = sl.first + i;
       unsigned char* slot = ring + (i % kStages) * slot_bytes;
       pieces.copy(slot, s, chunks, lane);
-      if constexpr (!kQuantizeX) {
-        for (int q = lane; q < M * tc_ring::kPieces; q += 32) {  // x's codes: row q / 16, piece q % 16
-          const int m = q / tc_ring::kPieces, col = q % tc_ring::kPieces;
-          const std::int64_t ch = s * tc_ring::kPieces + col;
-          const bool ok = ch < chunks;
-          detail::cp_async_16(detail::smem_u32(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(m, col)),
-                              xcodes + m * K + (ok ? ch * 16 : 0), ok);
-        }
+      for (int q = lane; q < M * tc_ring::kPieces; q += 32) {  // x's codes: row q / 16, piece q % 16
+        const int m = q / tc_ring::kPieces, col = q % tc_ring::kPieces;
+        const std::int64_t ch = s * tc_ring::kPieces + col;
+        const bool ok = ch < chunks;
+        detail::cp_async_16(detail::smem_u32(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(m, col)),
+                            x + m * K + (ok ? ch * 16 : 0), ok);
       }
     }
     detail::cp_async_commit();
@@ -391,7 +345,6 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const
   gemv_split::begin();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i);
-  if constexpr (kQuantizeX) quantize_x_rows(static_cast<const uint4*>(x), M, K, xq, xs, warp_max);
   const bool has_x = g < M;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -404,13 +357,7 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const
       const int col = 4 * h + t;
       va[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::piece_offset(g, col));
       vb[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::piece_offset(g + 8, col));
-      vx[h] = zero;
-      if constexpr (kQuantizeX) {
-        const std::int64_t ch = (sl.first + i) * tc_ring::kPieces + col;
-        if (has_x && ch < chunks) vx[h] = *reinterpret_cast<const uint4*>(xq + g * K + ch * 16);
-      } else {
-        if (has_x) vx[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(g, col));
-      }
+      vx[h] = has_x ? *reinterpret_cast<const uint4*>(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(g, col)) : zero;
     }
     issue(i + kStages - 1);
 #pragma unroll
@@ -430,22 +377,19 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const
   const int r = i / M, m = i % M;
   const std::int64_t row = row0 + r;
   if (row >= N) return;
-  const float sx = kQuantizeX ? xs[m] : x_scale[m];
-  y[m * N + row] = gemv_split::to_bf16(tc_ring::row_sum(part, r, m) * (w_scale[row] * sx));
+  y[m * N + row] = gemv_split::to_bf16(tc_ring::row_sum(part, r, m) * (w_scale[row] * x_scale[m]));
 }
 
 /// Launches the tensor-core kernel: N / 16 blocks, the shared memory it needs (raised past the 48 KiB default
-/// once per instance, to the most any M takes).
-template <bool kQuantizeX>
-void launch_tensor_cores(const std::uint8_t* w, const float* w_scale, const void* x, const float* x_scale, int M,
+/// once, to the most any M takes).
+void launch_tensor_cores(const std::uint8_t* w, const float* w_scale, const std::uint8_t* x, const float* x_scale, int M,
                          std::int64_t N, std::int64_t K, std::uint16_t* y, cudaStream_t s) {
-  static const cudaError_t raised = cudaFuncSetAttribute(
-      fp8_gemv_tc_kernel<kQuantizeX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(kQuantizeX ? fp8_smem_bytes(true, 1, kFp8GemvQuantizeMaxValues) : fp8_smem_bytes(false, kGemvMaxRows, 0)));
+  static const cudaError_t raised = cudaFuncSetAttribute(fp8_gemv_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         static_cast<int>(fp8_smem_bytes(kGemvMaxRows)));
   backend::cuda::check(raised, "cuda::fp8_gemv: raising the tensor-core kernel's shared memory");
   const auto blocks = static_cast<unsigned>((N + tc_ring::kRows - 1) / tc_ring::kRows);
-  chained::launch(fp8_gemv_tc_kernel<kQuantizeX>, dim3(blocks), dim3(tc_ring::kWarps * 32), fp8_smem_bytes(kQuantizeX, M, K),
-                  s, w, w_scale, x, x_scale, M, N, K, y);
+  chained::launch(fp8_gemv_tc_kernel, dim3(blocks), dim3(tc_ring::kWarps * 32), fp8_smem_bytes(M), s, w, w_scale, x, x_scale,
+                  M, N, K, y);
 }
 
 std::atomic<int> g_gemv_path{static_cast<int>(Fp8GemvPath::automatic)};
@@ -510,32 +454,12 @@ void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t*
   const auto s = static_cast<cudaStream_t>(stream);
   if (resolve_gemv_path() == Fp8GemvPath::tensor_cores) {
     if ((N + tc_ring::kRows - 1) / tc_ring::kRows > 0x7fffffffLL) throw InvalidArgument(cat("cuda::fp8_gemv: N = ", N, " exceeds one grid"));
-    launch_tensor_cores<false>(w_q, w_scale, x_q, x_scale, M, N, K, y_bf16, s);
+    launch_tensor_cores(w_q, w_scale, x_q, x_scale, M, N, K, y_bf16, s);
   } else {
     launch_cuda_cores<Epilogue::store>(reinterpret_cast<const uint4*>(w_q), w_scale, reinterpret_cast<const uint4*>(x_q),
                                        x_scale, M, N, K / 16, y_bf16, RopeKvWrite{}, s);
   }
   backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv: kernel launch");
-}
-
-bool fp8_gemv_bf16_supports(const void* w_q, const void* x_bf16, int M, std::int64_t K) noexcept {
-  return resolve_gemv_path() == Fp8GemvPath::tensor_cores && M >= 1 && M <= kGemvMaxRows &&
-         static_cast<std::int64_t>(M) * K <= kFp8GemvQuantizeMaxValues && fp8_gemv_supports(w_q, x_bf16, K);
-}
-
-void fp8_gemv_bf16(const std::uint8_t* w_q, const float* w_scale, const std::uint16_t* x_bf16, int M, std::int64_t N,
-                   std::int64_t K, std::uint16_t* y_bf16, void* stream) {
-  using infer::detail::cat;
-  if (M < 1 || M > kGemvMaxRows || N < 0 || K < 1 || static_cast<std::int64_t>(M) * K > kFp8GemvQuantizeMaxValues)
-    throw InvalidArgument(cat("cuda::fp8_gemv_bf16: M = ", M, ", N = ", N, ", K = ", K, "; needs 1 <= M <= ", kGemvMaxRows,
-                              ", N >= 0, K >= 1, M·K <= ", kFp8GemvQuantizeMaxValues));
-  if (!fp8_gemv_supports(w_q, x_bf16, K))
-    throw InvalidArgument(cat("cuda::fp8_gemv_bf16: K = ", K, " must be a multiple of 16 and w and x 16-byte aligned"));
-  if (w_scale == nullptr || y_bf16 == nullptr) throw InvalidArgument("cuda::fp8_gemv_bf16: null scale or output");
-  if (N == 0) return;
-  if ((N + tc_ring::kRows - 1) / tc_ring::kRows > 0x7fffffffLL) throw InvalidArgument(cat("cuda::fp8_gemv_bf16: N = ", N, " exceeds one grid"));
-  launch_tensor_cores<true>(w_q, w_scale, x_bf16, nullptr, M, N, K, y_bf16, static_cast<cudaStream_t>(stream));
-  backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv_bf16: kernel launch");
 }
 
 void fp8_gemv_swiglu(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,

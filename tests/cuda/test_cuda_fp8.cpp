@@ -10,7 +10,7 @@
 // 2^-8: the bf16 output's rounding (8 significant bits, to nearest: at most 2^-8 of the value). Each product of two e4m3 codes is exact in
 // f32; the CPU multiplies pre-scaled values (two more roundings per term, 2^-24 each) and both sides sum K
 // f32 terms in different orders (≤ K·2^-24·A each): 2·K·2^-24·A, doubled for the scaling. Its tensor-core
-// kernel (the default; INFER_FP8_GEMV=cuda_cores picks the other) adds 2^-13·A: Hopper's FP8 tensor cores add with ~14 significant bits
+// kernel (INFER_FP8_GEMV=tensor_cores) adds 2^-13·A: Hopper's FP8 tensor cores add with ~14 significant bits
 // (DeepSeek-V3's report, §3.3.2) within each k-step of 64 products, which the kernel then adds in f32, so
 // the sum carries up to ~2^-14·A more; doubled for slack. Both paths are checked.
 #include <catch2/catch.hpp>
@@ -188,71 +188,6 @@ TEST_CASE("cuda::fp8_gemv matches Fp8::matmul on the same codes for M = 1..8", "
     CHECK_THROWS_AS(kc::fp8_gemv(q, f, q, f, 0, 4, 32, y, stream), InvalidArgument);
     CHECK_THROWS_AS(kc::fp8_gemv(q, nullptr, q, f, 1, 4, 32, y, stream), InvalidArgument);
   }
-  CUDA_REQUIRE(cudaStreamDestroy(stream));
-}
-
-TEST_CASE("cuda::fp8_gemv_bf16 equals quantize_rows_e4m3 then fp8_gemv, bit for bit", "[cuda][fp8]") {
-  // The kernel quantizes x's rows itself with quantize_rows_e4m3's arithmetic and then runs the tensor-core
-  // GEMV's sums in the same order, so the outputs must be identical, not just close: awkward rows (zeros,
-  // subnormal codes, huge values, an outlier) included. Shapes: K ragged against the 64-code k-step and the
-  // eight warps' slices, N off the 16-row block, M·K up to kFp8GemvQuantizeMaxValues.
-  cudaStream_t stream;
-  CUDA_REQUIRE(cudaStreamCreate(&stream));
-  struct Shape {
-    std::int64_t N, K;
-  };
-  const Shape shapes[] = {{1, 16}, {37, 1008}, {1000, 4096}, {70, 14336}};
-  std::mt19937 rng(test_seed("cuda::fp8_gemv_bf16"));
-  kc::set_fp8_gemv_path(kc::Fp8GemvPath::tensor_cores);
-  for (const Shape& s : shapes) {
-    std::vector<float> wf(static_cast<std::size_t>(s.N * s.K));
-    std::normal_distribution<float> d(0.0f, 0.02f);
-    for (auto& v : wf) v = d(rng);
-    const Fp8::linear<cpu> w = Fp8::quantize(wf, s.N, s.K);
-    test::DeviceMem dwq(w.q.size()), dws(w.scale.size() * 4);
-    upload(dwq, w.q);
-    upload(dws, w.scale);
-    for (int M = 1; M <= kc::kGemvMaxRows && M * s.K <= kc::kFp8GemvQuantizeMaxValues; ++M) {
-      INFO("M=" << M << " N=" << s.N << " K=" << s.K);
-      const auto xb = awkward_rows(M, s.K, rng);
-      test::DeviceMem dx(xb.size() * 2), dq(xb.size()), dsx(static_cast<std::size_t>(M) * 4), dy1(static_cast<std::size_t>(M * s.N) * 2),
-          dy2(static_cast<std::size_t>(M * s.N) * 2);
-      upload(dx, xb);
-      REQUIRE(kc::fp8_gemv_bf16_supports(dwq.p, dx.p, M, s.K));
-      CUDA_REQUIRE(cudaMemset(dy1.p, 0xff, static_cast<std::size_t>(M * s.N) * 2));
-      CUDA_REQUIRE(cudaMemset(dy2.p, 0xee, static_cast<std::size_t>(M * s.N) * 2));
-      kc::fp8_gemv_bf16(dwq.as<std::uint8_t>(), dws.as<float>(), dx.as<std::uint16_t>(), M, s.N, s.K, dy1.as<std::uint16_t>(),
-                        stream);
-      kc::quantize_rows_e4m3(dx.as<std::uint16_t>(), M, s.K, dq.as<std::uint8_t>(), dsx.as<float>(), stream);
-      kc::fp8_gemv(dwq.as<std::uint8_t>(), dws.as<float>(), dq.as<std::uint8_t>(), dsx.as<float>(), M, s.N, s.K,
-                   dy2.as<std::uint16_t>(), stream);
-      CUDA_REQUIRE(cudaStreamSynchronize(stream));
-      const auto got = download<std::uint16_t>(dy1.p, static_cast<std::size_t>(M * s.N));
-      const auto want = download<std::uint16_t>(dy2.p, static_cast<std::size_t>(M * s.N));
-      int bad = 0;
-      for (std::size_t i = 0; i < got.size(); ++i)
-        if (got[i] != want[i] && ++bad <= 5)
-          FAIL_CHECK("y[" << i << "] = " << bf16_to_f32(got[i]) << ", quantize + fp8_gemv gave " << bf16_to_f32(want[i]));
-      CHECK(bad == 0);
-    }
-  }
-  SECTION("operands it cannot take are refused, not miscomputed") {
-    test::DeviceMem d(1 << 16);
-    const auto* q = d.as<std::uint8_t>();
-    const auto* f = d.as<float>();
-    const auto* x = d.as<std::uint16_t>();
-    auto* y = d.as<std::uint16_t>();
-    CHECK_FALSE(kc::fp8_gemv_bf16_supports(q, x, 2, 14336));  // M·K past what a block holds
-    CHECK_FALSE(kc::fp8_gemv_bf16_supports(q, x, 1, 24));
-    CHECK_FALSE(kc::fp8_gemv_bf16_supports(q, d.as<std::uint16_t>(4), 1, 32));
-    CHECK_THROWS_AS(kc::fp8_gemv_bf16(q, f, x, 2, 4, 14336, y, stream), InvalidArgument);
-    CHECK_THROWS_AS(kc::fp8_gemv_bf16(q, f, x, 0, 4, 32, y, stream), InvalidArgument);
-    CHECK_THROWS_AS(kc::fp8_gemv_bf16(q, f, x, 1, 4, 24, y, stream), InvalidArgument);
-    CHECK_THROWS_AS(kc::fp8_gemv_bf16(q, nullptr, x, 1, 4, 32, y, stream), InvalidArgument);
-    kc::set_fp8_gemv_path(kc::Fp8GemvPath::cuda_cores);
-    CHECK_FALSE(kc::fp8_gemv_bf16_supports(q, x, 1, 4096));  // the CUDA-core path quantizes separately
-  }
-  kc::set_fp8_gemv_path(kc::Fp8GemvPath::automatic);
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 

@@ -190,16 +190,11 @@ struct Fp8 {
     kernels::cuda::quantize_rows_e4m3(values, r.out, r.in, q, scale, store.stream_handle());
   }
 
-  /// y[rows][w.out()] (bf16) = e4m3(x)·s_x · (e4m3(w)·s_w)ᵀ: at batch 1 (and wherever fp8_gemv_bf16 takes
-  /// the rows) one kernel that quantizes x itself; else x's rows quantized into ctx's workspace, then the FP8
-  /// GEMV (rows <= kGemvMaxRows) or cuBLASLt's FP8 GEMM. The codes and scales are the same either way.
+  /// y[rows][w.out()] (bf16) = e4m3(x)·s_x · (e4m3(w)·s_w)ᵀ: x's rows quantized into ctx's workspace, then
+  /// the FP8 GEMV (rows <= kGemvMaxRows) or cuBLASLt's FP8 GEMM.
   static void matmul(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
                      std::uint16_t* y) {
     namespace kc = kernels::cuda;
-    if (kc::fp8_gemv_bf16_supports(w.q, x, rows, w.in())) {
-      kc::fp8_gemv_bf16(w.q, w.scale, x, rows, w.out(), w.in(), y, ctx.stream);
-      return;
-    }
     require<InvalidArgument>(ctx.scratch != nullptr && ctx.scratch_elems * 2 >= w.workspace_bytes(rows),
                              "Fp8 matmul of ", rows, " rows of [", w.out(), ", ", w.in(), "] needs ",
                              w.workspace_bytes(rows), " bytes of workspace; the context has ", ctx.scratch_elems * 2);

@@ -13,8 +13,6 @@
 ///   CUDA cores (the default; f32 sums throughout), or on the tensor cores (mma.sync m16n8k32 e4m3, the
 ///   weights streamed through shared memory; Hopper adds each k-step's products with ~14 significant bits
 ///   before they reach an f32 accumulator).
-/// - `fp8_gemv_bf16`: the same product from x's bf16 rows, which the tensor-core kernel quantizes itself
-///   (quantize_rows_e4m3's codes and scales bit for bit): one kernel per projection at batch 1 instead of two.
 ///
 /// Compiled in kernels/cuda/fp8_linear.cu; no CUDA header here (bf16 values are their `std::uint16_t`
 /// bits, streams `void*`). Every call only enqueues work.
@@ -45,20 +43,6 @@ void quantize_rows_e4m3(const float* x_f32, std::int64_t rows, std::int64_t K, s
 /// operands fp8_gemv_supports refuses. N of 0 does nothing.
 void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
               std::int64_t N, std::int64_t K, std::uint16_t* y_bf16, void* stream);
-
-/// The most values (M·K) of x that fp8_gemv_bf16 quantizes in the kernel: they sit in each block's shared
-/// memory. Llama-3-8B at batch 1 needs 14,336 (the down projection's input).
-inline constexpr std::int64_t kFp8GemvQuantizeMaxValues = 16384;
-
-/// Whether fp8_gemv_bf16 takes these operands: the tensor-core path chosen (Fp8GemvPath), 1 ≤ M ≤
-/// kGemvMaxRows, M·K ≤ kFp8GemvQuantizeMaxValues, and fp8_gemv_supports(w_q, x_bf16, K).
-[[nodiscard]] bool fp8_gemv_bf16_supports(const void* w_q, const void* x_bf16, int M, std::int64_t K) noexcept;
-
-/// fp8_gemv with x given as M bf16 rows [M][K]: quantize_rows_e4m3 of x followed by fp8_gemv, bit for bit the
-/// same codes and scales and the tensor-core kernel's sums, in one kernel. InvalidArgument for operands out of
-/// fp8_gemv_bf16_supports' range (the path aside).
-void fp8_gemv_bf16(const std::uint8_t* w_q, const float* w_scale, const std::uint16_t* x_bf16, int M, std::int64_t N,
-                   std::int64_t K, std::uint16_t* y_bf16, void* stream);
 
 /// SwiGLU fused into the FP8 gate/up GEMV: w_q is the stacked [2I][K] weight (gate rows 0..I-1, up rows
 /// I..2I-1, scales w_scale [2I]) and y[m][i] = bf16(silu(g)·u) with g, u the scaled dot products of gate
