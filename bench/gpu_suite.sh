@@ -29,6 +29,8 @@
 #   bench/gpu_suite.sh fusions-ab  Llama-3-8B batch-1 decode, bf16 and FP8, three ways in turn: the separate kernels,
 #                                the step fusions (INFER_STEP_FUSIONS=1; kernels/cuda/ops.hpp), the fusions with
 #                                the GEMVs' L2 prefetch (INFER_GEMV_PREFETCH=1); two runs each
+#   bench/gpu_suite.sh fusions-each  each step fusion alone (INFER_STEP_FUSIONS=merge, rope, swiglu) against none:
+#                                Llama-3-8B batch-1 decode, bf16 and fp8; and prefill_q on the TTFT of 2048 tokens
 #   bench/gpu_suite.sh prefetch-ab  Llama-3-8B batch-1 decode, bf16 and FP8, with the GEMVs' L2 weight prefetch
 #                                before their wait off and on (INFER_GEMV_PREFETCH=0, 1; gemv_split.cuh), alternating
 #   bench/gpu_suite.sh quantizers  Llama-3-8B batch-1 decode (512 + 128) with each quantizer the GPU runs: bf16,
@@ -42,6 +44,8 @@
 #   bench/gpu_suite.sh bf16-ab   Llama-3-8B bf16 batch-1 decode with bf16_gemv on the CUDA cores (the default) and on
 #                                the tensor cores (INFER_BF16_GEMV=tensor_cores), alternating, two runs each; then ncu
 #                                of a decode step with the tensor-core kernel
+#   bench/gpu_suite.sh batch-ab  Llama-3-8B decode at batch 4 and 8: bf16 with cuBLASLt past one row against the
+#                                tensor-core GEMV up to 8 rows, FP8's GEMV on the CUDA cores against the tensor cores
 #   bench/gpu_suite.sh profile-quant  each kernel of a batch-1 decode step under ncu with fp8 (its GEMV on the CUDA
 #                                cores, then on the tensor cores), int8 and int4
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
@@ -265,6 +269,19 @@ case "${1:-}" in
       done
     done
     ;;
+  fusions-each)  # each step fusion alone against none: batch-1 decode (bf16, fp8), and TTFT of a 2048-token prompt
+    for r in 1 2; do
+      for spec in "bf16 0" "bf16 merge" "bf16 rope" "fp8 0" "fp8 merge" "fp8 rope" "fp8 swiglu"; do
+        set -- $spec
+        INFER_STEP_FUSIONS=$2 run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 --batch-size 1 \
+          --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-fusion-$2-r$r.json"
+      done
+      for f in 0 prefill_q; do
+        INFER_STEP_FUSIONS=$f run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 --input-len 2048 \
+          --output-len 4 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-2048-ttft-fusion-$f-r$r.json"
+      done
+    done
+    ;;
   prefetch-ab)  # batch-1 decode with the GEMVs' L2 weight prefetch before their wait off and on, alternating
     for spec in "bf16 1" "fp8 1" "bf16 2" "fp8 2"; do
       set -- $spec
@@ -303,6 +320,18 @@ case "${1:-}" in
       --log-file "$out/ncu-decode-b1-ctx512-bf16-tensor_cores.csv" "$bin"/infer-bench-latency --dummy llama3-8b \
       --quantizer bf16 --batch-size 1 --input-len 512 --output-len 2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
     python3 bench/ncu_summary.py "$out/ncu-decode-b1-ctx512-bf16-tensor_cores.csv" | tee "$out/ncu-decode-b1-ctx512-bf16-tensor_cores.txt"
+    ;;
+  batch-ab)  # decode at batch 4 and 8 (512 + 128): bf16 with cuBLASLt past one row (the default) against the
+    # tensor-core bf16_gemv up to 8 rows (INFER_BF16_GEMV=tensor_cores), and FP8 with its GEMV on the CUDA cores
+    # against the tensor cores (INFER_FP8_GEMV), alternating
+    for b in 4 8; do
+      for k in cuda_cores tensor_cores; do
+        INFER_BF16_GEMV=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size $b \
+          --input-len 512 --output-len 128 --num-iters 3 --output-json "$out/latency-llama3-8b-b$b-512-128-bf16-$k.json"
+        INFER_FP8_GEMV=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer fp8 --batch-size $b \
+          --input-len 512 --output-len 128 --num-iters 3 --output-json "$out/latency-llama3-8b-b$b-512-128-fp8-$k.json"
+      done
+    done
     ;;
   profile-quant)  # each kernel of a batch-1 decode step under ncu (alone, cold caches) with each low-precision
     # quantizer: fp8 with its GEMV on the CUDA cores and on the tensor cores, int8, int4

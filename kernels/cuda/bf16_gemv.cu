@@ -299,6 +299,10 @@ void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64
   gemv(w, x, M, N, K, y, stream);
 }
 
+int bf16_gemv_preferred_rows() noexcept {
+  return resolve_gemv_path() == Bf16GemvPath::tensor_cores ? kGemvMaxRows : kBf16GemvPreferredRows;
+}
+
 Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path) {
   return static_cast<Bf16GemvPath>(g_gemv_path.exchange(static_cast<int>(path), std::memory_order_relaxed));
 }

@@ -29,7 +29,7 @@
 // actual length (split_length): a short context in a graph captured for long ones is still spread over
 // every split, instead of leaving all but the first split empty.
 //
-// Merging the splits (with step_fusions(); else a second kernel merges them, as before 2026-12-06): each
+// Merging the splits (with StepFusion::merge; else a second kernel merges them, as before 2026-12-06): each
 // block writes its partial state (max, sum, accumulator) to the workspace, then
 // takes a ticket from its (sequence, head group)'s arrival counter; the block that arrives last combines
 // every split's state and writes the output, and sets the counter back to zero for the next call. This
@@ -435,7 +435,7 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int
   }
 }
 
-/// The separate merge of the splits (step_fusions() off): one block per (head, sequence), one thread per
+/// The separate merge of the splits (StepFusion::merge off): one block per (head, sequence), one thread per
 /// dim, each a loop of dependent loads over the splits that hold positions.
 template <int D>
 __global__ void __launch_bounds__(D) paged_decode_merge_kernel(const DecodeParams p) {
@@ -637,8 +637,8 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
       throw DeviceError(cat("cuda::paged_decode_attention: ", batch.num_seqs, " sequences of ", batch.num_kv_heads,
                               " KV heads split ", splits, " ways need more arrival counters than the ", ws.counters,
                               " the workspace holds"));
-    // Merged by the last block of each sequence's splits, or by a second kernel (step_fusions()).
-    p.arrivals = step_fusions() ? reinterpret_cast<unsigned*>(workspace) : nullptr;
+    // Merged by the last block of each sequence's splits, or by a second kernel (StepFusion::merge).
+    p.arrivals = step_fusion(StepFusion::merge) ? reinterpret_cast<unsigned*>(workspace) : nullptr;
     p.ws_ml = workspace + ws.counters;
     p.ws_acc = p.ws_ml + ws.ml_floats;
   }

@@ -370,16 +370,16 @@ class LlamaModel<cuda, Q, Attn> {
                                             cache.k(layer),
                                             cache.v(layer),
                                             meta.slots};
-      if (L.qkv_bias || !kernels::cuda::step_fusions() || !fused_rope(ctx, L.qkv, xn, rows, qkv, rope)) {
+      if (L.qkv_bias || !kernels::cuda::step_fusion(kernels::cuda::StepFusion::rope) || !fused_rope(ctx, L.qkv, xn, rows, qkv, rope)) {
         project(ctx, L.qkv, xn, rows, qkv);
         if (L.qkv_bias) kernels::cuda::add_bias(qkv, L.qkv_bias, T, qkvw, s);
         kernels::cuda::rope_write_kv(qkv, rope.positions, rope.inv_freq, T, rope.nq, rope.nkv, rope.hd, rope.rope_style,
                                      rope.k_cache, rope.v_cache, rope.slot, s);
       }
       DeviceAttentionBatch b = attention_batch(layer, &cache, sh.width);
-      if (qkvw % 8 != 0 || (sh.prefill_rows > 0 && !kernels::cuda::step_fusions())) {
+      if (qkvw % 8 != 0 || (sh.prefill_rows > 0 && !kernels::cuda::step_fusion(kernels::cuda::StepFusion::prefill_q))) {
         // The attention kernels read q 16 bytes at a time: rows of another length are packed densely first
-        // (and a prefill step's q too unless step_fusions(): in place there is not yet run in an engine).
+        // (and a prefill step's q too unless StepFusion::prefill_q is on).
         backend::cuda::check(cudaMemcpy2DAsync(q, static_cast<std::size_t>(qs) * 2, qkv, static_cast<std::size_t>(qkvw) * 2,
                                                static_cast<std::size_t>(qs) * 2, static_cast<std::size_t>(T),
                                                cudaMemcpyDeviceToDevice, stream()),
@@ -418,7 +418,7 @@ class LlamaModel<cuda, Q, Attn> {
     if (sh.S == 0) return;
     const bf16* head = weights_.lm_head();
     kernels::cuda::add_rmsnorm(const_cast<float*>(last), nullptr, weights_.output_norm(), sh.S, H, eps, lastn_.as<bf16>(), s);
-    if (sh.S <= kernels::cuda::kBf16GemvPreferredRows && kernels::cuda::bf16_gemv_supports(head, lastn_.data(), H))
+    if (sh.S <= kernels::cuda::bf16_gemv_preferred_rows() && kernels::cuda::bf16_gemv_supports(head, lastn_.data(), H))
       kernels::cuda::bf16_gemv(head, lastn_.as<bf16>(), sh.S, c.vocab_size, H, logits_.as<float>(), s);
     else
       gemm_.run(lastn_.as<bf16>(), head, logits_.as<float>(), sh.S, c.vocab_size, H, 0.0f, s);

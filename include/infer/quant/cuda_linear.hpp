@@ -107,7 +107,7 @@ inline void cuda_matmul(CudaMatmulContext& ctx, const CudaLinear& w, const std::
                         std::uint16_t* y) {
   if (w.type == DType::bf16) {
     const auto* wd = static_cast<const std::uint16_t*>(w.data);
-    if (rows <= kernels::cuda::kBf16GemvPreferredRows && kernels::cuda::bf16_gemv_supports(wd, x, w.in_features))
+    if (rows <= kernels::cuda::bf16_gemv_preferred_rows() && kernels::cuda::bf16_gemv_supports(wd, x, w.in_features))
       kernels::cuda::bf16_gemv(wd, x, rows, w.out_features, w.in_features, y, ctx.stream);  // decode: bandwidth-bound
     else
       ctx.gemm->run(x, wd, y, rows, w.out_features, w.in_features, ctx.stream);

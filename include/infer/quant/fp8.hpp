@@ -212,7 +212,7 @@ struct Fp8 {
   /// otherwise.
   static bool matmul_swiglu(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
                             std::uint16_t* y) {
-    if (!kernels::cuda::step_fusions() || w.out() % 2 != 0) return false;
+    if (!kernels::cuda::step_fusion(kernels::cuda::StepFusion::swiglu) || w.out() % 2 != 0) return false;
     const auto in = quantized_for_gemv(ctx, w, x, rows);
     if (!in) return false;
     kernels::cuda::fp8_gemv_swiglu(w.q, w.scale, in->codes, in->scales, rows, w.out() / 2, w.in(), y, ctx.stream);

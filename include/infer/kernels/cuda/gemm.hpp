@@ -137,6 +137,11 @@ void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16
 /// layers; at M = 8 it is 35-55% slower (each lane re-reads x's chunks, and the f32 sums grow with M).
 inline constexpr int kBf16GemvPreferredRows = 1;
 
+/// The rows up to which the decoder prefers `bf16_gemv` to cuBLASLt now: kBf16GemvPreferredRows with the
+/// CUDA-core kernel, kGemvMaxRows with the tensor-core one (Bf16GemvPath below), which reads the same bytes at
+/// any M <= 8 and keeps the M columns in its mma accumulators.
+[[nodiscard]] int bf16_gemv_preferred_rows() noexcept;
+
 /// Whether `bf16_gemv` takes these operands: K a multiple of 8 and w, x 16-byte aligned (its loads).
 [[nodiscard]] inline bool bf16_gemv_supports(const void* w, const void* x, std::int64_t K) noexcept {
   return K % 8 == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0;

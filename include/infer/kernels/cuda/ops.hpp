@@ -52,15 +52,20 @@ void rope_write_kv(std::uint16_t* qkv_bf16, const std::int32_t* positions, const
                    int nq, int nkv, int hd, int rope_style, std::uint16_t* k_cache, std::uint16_t* v_cache,
                    const std::int64_t* slot, void* stream);
 
-/// Whether a step runs the fusions of 2026-12-06 or the separate kernels and copies they replace: the decode
-/// attention's splits merged by their last block (else a merge kernel), RoPE and the KV-cache write in the
-/// QKV GEMV (else rope_write_kv), SwiGLU in the FP8 gate/up GEMV (else the swiglu kernel), and a prefill
-/// step's attention reading q in the fused QKV rows (else q is packed by a copy first). Off unless
-/// INFER_STEP_FUSIONS=1 (read once) or set_step_fusions(true): they are bit-identical or within the same
-/// bounds as what they replace, but not yet run in an engine on a GPU, and an earlier version was 3-5% slower
-/// at batch 1 on the H100 (5822b1a). kernels/cuda/step_fusions.cu.
+/// The fusions of 2026-12-06, each replacing kernels or copies of a step: the decode attention's splits merged
+/// by their last block (else a merge kernel), RoPE and the KV-cache write in the QKV GEMV (else rope_write_kv),
+/// SwiGLU in the FP8 gate/up GEMV (else the swiglu kernel), and a prefill step's attention reading q in the
+/// fused QKV rows (else q is packed by a copy first).
+enum class StepFusion : unsigned { merge = 1, rope = 2, swiglu = 4, prefill_q = 8 };
+
+/// Whether the step runs fusion `f`. Off unless INFER_STEP_FUSIONS (read once) names it: `1` for all of them,
+/// or a comma-separated list of `merge`, `rope`, `swiglu`, `prefill_q`; or set_step_fusions(true). They are
+/// bit-identical or within the same bounds as what they replace, but all four together were 1-2.5% slower
+/// at batch 1 on an H100 (c5f0a98): one A/B each is bench/gpu_suite.sh fusions-each. kernels/cuda/step_fusions.cu.
+[[nodiscard]] bool step_fusion(StepFusion f);
+/// Whether any of them is on.
 [[nodiscard]] bool step_fusions();
-/// Sets step_fusions() process-wide; returns the previous value. Takes effect at the next launch (a
+/// Sets all of them on or off process-wide; returns whether any was on. Takes effect at the next launch (a
 /// captured CUDA graph keeps what it captured). For tests and A/B runs.
 bool set_step_fusions(bool on);
 
