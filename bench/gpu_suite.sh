@@ -35,17 +35,17 @@
 #                                before their wait off and on (INFER_GEMV_PREFETCH=0, 1; gemv_split.cuh), alternating
 #   bench/gpu_suite.sh quantizers  Llama-3-8B batch-1 decode (512 + 128) with each quantizer the GPU runs: bf16,
 #                                fp8, int8, int4, in turn, two runs each
-#   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores (the default:
-#                                the activation quantized in the GEMV) and on the CUDA cores (INFER_FP8_GEMV=cuda_cores:
-#                                a quantization kernel before each GEMV), alternating, two runs each
+#   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores (the default)
+#                                and on the CUDA cores (INFER_FP8_GEMV=cuda_cores), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step,
 #                                bf16 and FP8, with and without INFER_STEP_FUSIONS, timed alone by ncu (eager),
 #                                summed per kernel and per launch order
-#   bench/gpu_suite.sh bf16-ab   Llama-3-8B bf16 batch-1 decode with bf16_gemv on the CUDA cores (the default) and on
-#                                the tensor cores (INFER_BF16_GEMV=tensor_cores), alternating, two runs each; then ncu
-#                                of a decode step with the tensor-core kernel
-#   bench/gpu_suite.sh batch-ab  Llama-3-8B decode at batch 4 and 8: bf16 with cuBLASLt past one row against the
-#                                tensor-core GEMV up to 8 rows, FP8's GEMV on the CUDA cores against the tensor cores
+#   bench/gpu_suite.sh bf16-ab   Llama-3-8B bf16 batch-1 decode with bf16_gemv on the CUDA cores (INFER_BF16_GEMV=
+#                                cuda_cores) and on the tensor cores (the default), alternating, two runs each; then
+#                                ncu of a decode step with the tensor-core kernel
+#   bench/gpu_suite.sh batch-ab  Llama-3-8B decode at batch 4 and 8: bf16 with cuBLASLt past one row (INFER_BF16_GEMV=
+#                                cuda_cores) against the tensor-core GEMV up to 8 rows (the default), FP8's GEMV on the
+#                                CUDA cores against the tensor cores (the default)
 #   bench/gpu_suite.sh profile-quant  each kernel of a batch-1 decode step under ncu with fp8 (its GEMV on the CUDA
 #                                cores, then on the tensor cores), int8 and int4
 #   bench/gpu_suite.sh seeds N.. the [cuda] tests once per base seed given (INFER_TEST_SEED=N; "default"
@@ -309,7 +309,7 @@ case "${1:-}" in
       python3 bench/ncu_summary.py "$out/ncu-$3.csv" | tee "$out/ncu-$3.txt"
     done
     ;;
-  bf16-ab)  # bf16 batch-1 decode with bf16_gemv on the CUDA cores (the default) and on the tensor cores, alternating
+  bf16-ab)  # bf16 batch-1 decode with bf16_gemv on the CUDA cores and on the tensor cores (the default), alternating
     for r in 1 2; do
       for k in cuda_cores tensor_cores; do
         INFER_BF16_GEMV=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 \
@@ -321,9 +321,9 @@ case "${1:-}" in
       --quantizer bf16 --batch-size 1 --input-len 512 --output-len 2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
     python3 bench/ncu_summary.py "$out/ncu-decode-b1-ctx512-bf16-tensor_cores.csv" | tee "$out/ncu-decode-b1-ctx512-bf16-tensor_cores.txt"
     ;;
-  batch-ab)  # decode at batch 4 and 8 (512 + 128): bf16 with cuBLASLt past one row (the default) against the
-    # tensor-core bf16_gemv up to 8 rows (INFER_BF16_GEMV=tensor_cores), and FP8 with its GEMV on the CUDA cores
-    # against the tensor cores (INFER_FP8_GEMV), alternating
+  batch-ab)  # decode at batch 4 and 8 (512 + 128): bf16 with cuBLASLt past one row against the tensor-core
+    # bf16_gemv up to 8 rows (INFER_BF16_GEMV), and FP8 with its GEMV on the CUDA cores against the tensor cores
+    # (INFER_FP8_GEMV), alternating
     for b in 4 8; do
       for k in cuda_cores tensor_cores; do
         INFER_BF16_GEMV=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size $b \

@@ -138,7 +138,7 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const uint4* x, st
   }
 }
 
-// ---- on the tensor cores, the weights streamed through shared memory (INFER_BF16_GEMV=tensor_cores) ---------
+// ---- on the tensor cores, the weights streamed through shared memory (the default) ------------------------
 // tc_gemv_ring.cuh's layout: a block owns 16 rows, each warp streams a slice of the slots (256 bytes, 128
 // values, of every row: four k-steps) through its ring of cp.async slots, and mma.sync m16n8k16 multiplies
 // them by x's M ≤ 8 rows (the n8 extent), which ride in the slot after the weights (M · 256 bytes). Lane (g, t) holds 8
@@ -147,8 +147,11 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const uint4* x, st
 // order its k run). Sums in the tensor cores' f32 accumulators across the whole slice.
 // Why: the CUDA-core kernel above holds its loads in registers (4 KiB in flight per warp), and at M > 1 each
 // lane re-reads x and keeps kRows · M sums, which is why cuBLASLt wins from M = 2 (kBf16GemvPreferredRows).
-// Off unless INFER_BF16_GEMV=tensor_cores (bench/gpu_suite.sh bf16-ab): the first ring, 64 bytes of a row per
-// copy, ran Llama-3-8B's batch-1 decode at 153.6 tok/s against the CUDA-core kernel's 178.2 (H100, 9b7349e).
+// Measured on an H100 (bench/results/gpu-2026-12-06b, Llama-3-8B, 512 + 128): at batch 1 equal to the CUDA-core
+// kernel (175.9 against 175.9 tok/s, 173176b), at batch 4 and 8 6% faster than cuBLASLt (669.9 against 631.8,
+// 1303.5 against 1234.4, 6f343e6), so it is the default and the decoder takes it up to 8 rows;
+// INFER_BF16_GEMV=cuda_cores keeps the kernel above. The first ring, 64 bytes of a row per copy, had been 14%
+// slower (153.6 against 178.2, 9b7349e).
 __host__ __device__ constexpr int bf16_slot_bytes(int M) { return tc_ring::kWeightBytes + M * tc_ring::kRowBytes; }
 constexpr std::size_t bf16_tc_smem_bytes(int M) {
   return static_cast<std::size_t>(tc_ring::kWarps) * tc_ring::kStages * bf16_slot_bytes(M) + sizeof(float) * tc_ring::kPartFloats;
@@ -238,7 +241,7 @@ Bf16GemvPath resolve_gemv_path() {
   if (p != Bf16GemvPath::automatic) return p;
   static const Bf16GemvPath env = [] {
     const char* v = std::getenv("INFER_BF16_GEMV");
-    return v != nullptr && std::strcmp(v, "tensor_cores") == 0 ? Bf16GemvPath::tensor_cores : Bf16GemvPath::cuda_cores;
+    return v != nullptr && std::strcmp(v, "cuda_cores") == 0 ? Bf16GemvPath::cuda_cores : Bf16GemvPath::tensor_cores;
   }();
   return env;
 }

@@ -10,7 +10,7 @@
 // 2^-8: the bf16 output's rounding (8 significant bits, to nearest: at most 2^-8 of the value). Each product of two e4m3 codes is exact in
 // f32; the CPU multiplies pre-scaled values (two more roundings per term, 2^-24 each) and both sides sum K
 // f32 terms in different orders (≤ K·2^-24·A each): 2·K·2^-24·A, doubled for the scaling. Its tensor-core
-// kernel (INFER_FP8_GEMV=tensor_cores) adds 2^-13·A: Hopper's FP8 tensor cores add with ~14 significant bits
+// kernel (the default; INFER_FP8_GEMV=cuda_cores picks the other) adds 2^-13·A: Hopper's FP8 tensor cores add with ~14 significant bits
 // (DeepSeek-V3's report, §3.3.2) within each k-step of 64 products, which the kernel then adds in f32, so
 // the sum carries up to ~2^-14·A more; doubled for slack. Both paths are checked.
 #include <catch2/catch.hpp>

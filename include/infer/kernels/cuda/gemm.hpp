@@ -132,7 +132,7 @@ void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t
 void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
 
-/// The rows up to which the decoder prefers `bf16_gemv` to cuBLASLt for bf16 weights. Measured on the
+/// The rows up to which the decoder prefers the CUDA-core `bf16_gemv` to cuBLASLt for bf16 weights. Measured on the
 /// H200 (bench/results/gpu-2026-12-03/kernels.log): at M = 1 the GEMV is 2-13% faster on Llama-3-8B's
 /// layers; at M = 8 it is 35-55% slower (each lane re-reads x's chunks, and the f32 sums grow with M).
 inline constexpr int kBf16GemvPreferredRows = 1;
@@ -158,8 +158,8 @@ void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x_bf16, int M, std::
                void* stream);
 
 /// Which kernel bf16_gemv runs, process-wide: `automatic` (the default) takes the environment variable
-/// INFER_BF16_GEMV, read once — `tensor_cores` (mma.sync, the weights streamed through shared memory), else
-/// the CUDA cores. Returns the previous choice; takes effect at the next call (a captured CUDA graph keeps the
+/// INFER_BF16_GEMV, read once — `cuda_cores`, else the tensor cores (mma.sync, the weights streamed through
+/// shared memory; as fast at one row, 6% faster than cuBLASLt at 4 and 8). Returns the previous choice; takes effect at the next call (a captured CUDA graph keeps the
 /// kernel it captured). For tests and A/B runs. The fused variants below always run on the CUDA cores.
 enum class Bf16GemvPath : int { automatic = 0, cuda_cores = 1, tensor_cores = 2 };
 Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path);
