@@ -26,13 +26,8 @@
 #                                one's infer-bench-latency ($BASELINE/bin, default /root/stage/baseline: a tgz of
 #                                an earlier pack's bin/infer-bench-latency, unpacked there), alternating, two runs
 #                                each: a change that has no switch, measured against its parent on one machine
-#   bench/gpu_suite.sh fusions-ab  Llama-3-8B batch-1 decode, bf16 and FP8, three ways in turn: the separate kernels,
-#                                the step fusions (INFER_STEP_FUSIONS=1; kernels/cuda/ops.hpp), the fusions with
-#                                the GEMVs' L2 prefetch (INFER_GEMV_PREFETCH=1); two runs each
 #   bench/gpu_suite.sh fusions-each  each step fusion alone (INFER_STEP_FUSIONS=merge, rope, swiglu) against none:
 #                                Llama-3-8B batch-1 decode, bf16 and fp8; and prefill_q on the TTFT of 2048 tokens
-#   bench/gpu_suite.sh prefetch-ab  Llama-3-8B batch-1 decode, bf16 and FP8, with the GEMVs' L2 weight prefetch
-#                                before their wait off and on (INFER_GEMV_PREFETCH=0, 1; gemv_split.cuh), alternating
 #   bench/gpu_suite.sh quantizers  Llama-3-8B batch-1 decode (512 + 128) with each quantizer the GPU runs: bf16,
 #                                fp8, int8, int4, in turn, two runs each
 #   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores (the default)
@@ -258,17 +253,6 @@ case "${1:-}" in
       done
     done
     ;;
-  fusions-ab)  # batch-1 decode: separate kernels, the step fusions, the fusions with the GEMVs' L2 prefetch
-    for spec in "bf16 1" "fp8 1" "bf16 2" "fp8 2"; do
-      set -- $spec
-      for k in "0 0" "1 0" "1 1"; do
-        set -- $1 $2 $k
-        INFER_STEP_FUSIONS=$3 INFER_GEMV_PREFETCH=$4 run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 \
-          --batch-size 1 --input-len 512 --output-len 128 --num-iters 5 \
-          --output-json "$out/latency-llama3-8b-b1-512-128-$1-fusions$3-prefetch$4-r$2.json"
-      done
-    done
-    ;;
   fusions-each)  # each step fusion alone against none: batch-1 decode (bf16, fp8), and TTFT of a 2048-token prompt
     for r in 1 2; do
       for spec in "bf16 0" "bf16 merge" "bf16 rope" "fp8 0" "fp8 merge" "fp8 rope" "fp8 swiglu"; do
@@ -279,15 +263,6 @@ case "${1:-}" in
       for f in 0 prefill_q; do
         INFER_STEP_FUSIONS=$f run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 --input-len 2048 \
           --output-len 4 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-2048-ttft-fusion-$f-r$r.json"
-      done
-    done
-    ;;
-  prefetch-ab)  # batch-1 decode with the GEMVs' L2 weight prefetch before their wait off and on, alternating
-    for spec in "bf16 1" "fp8 1" "bf16 2" "fp8 2"; do
-      set -- $spec
-      for k in 0 1; do
-        INFER_GEMV_PREFETCH=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 --batch-size 1 \
-          --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-prefetch$k-r$2.json"
       done
     done
     ;;

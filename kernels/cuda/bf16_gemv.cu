@@ -64,7 +64,7 @@ using gemv_split::Epilogue;
 template <int M, class Out, Epilogue kEpilogue, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __restrict__ w, const uint4* __restrict__ x,
                                                                 std::int64_t N, std::int64_t chunks, Out* __restrict__ y,
-                                                                const RopeKvWrite rope, bool prefetch) {
+                                                                const RopeKvWrite rope) {
   constexpr bool kPaired = kEpilogue != Epilogue::store;
   static_assert(!kPaired || (kRows == 2 && sizeof(Out) == 2), "a paired epilogue takes two rows, bf16 out");
   static_assert(kWarps % kSplit == 0, "a block holds whole row groups");
@@ -86,7 +86,6 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   } else {
     for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
   }
-  if (prefetch && active) gemv_split::prefetch_rows<kSplit>(wr, chunks);  // the weights only: before the wait
   gemv_split::begin();
   if constexpr (kSplit == 1) {
     if (!active) return;  // exiting counts as letting the next kernel launch
@@ -132,9 +131,9 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const uint4* x, st
   const dim3 block(kWarps * 32);
   const auto grid = [&](int k) { return dim3(gemv_split::grid_for(groups, k)); };
   switch (split) {
-    case 1: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 1>, grid(1), block, s, w, x, N, chunks, y, rope, gemv_split::prefetch_weights()); break;
-    case 2: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 2>, grid(2), block, s, w, x, N, chunks, y, rope, gemv_split::prefetch_weights()); break;
-    default: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 4>, grid(4), block, s, w, x, N, chunks, y, rope, gemv_split::prefetch_weights()); break;
+    case 1: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 1>, grid(1), block, s, w, x, N, chunks, y, rope); break;
+    case 2: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 2>, grid(2), block, s, w, x, N, chunks, y, rope); break;
+    default: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 4>, grid(4), block, s, w, x, N, chunks, y, rope); break;
   }
 }
 

@@ -179,8 +179,7 @@ template <int M, int kSplit, Epilogue kEpilogue>
 __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __restrict__ w, const float* __restrict__ w_scale,
                                                                const uint4* __restrict__ x, const float* __restrict__ x_scale,
                                                                std::int64_t N, std::int64_t chunks,
-                                                               std::uint16_t* __restrict__ y, const RopeKvWrite rope,
-                                                               bool prefetch) {
+                                                               std::uint16_t* __restrict__ y, const RopeKvWrite rope) {
   constexpr bool kRope = kEpilogue == Epilogue::rope, kSwiGLU = kEpilogue == Epilogue::swiglu;
   const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
@@ -200,7 +199,6 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __re
   } else {
     for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
   }
-  if (prefetch && active) gemv_split::prefetch_rows<kSplit>(wr, chunks);  // the weights only: before the wait
   gemv_split::begin();
   if constexpr (kRope) {
     if (active) {
@@ -247,9 +245,9 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const float* sw, c
               std::int64_t N, std::int64_t chunks, std::uint16_t* y, const RopeKvWrite& r, cudaStream_t s) {
   const dim3 block(kWarps * 32);
   switch (split) {
-    case 1: gemv_split::launch(fp8_gemv_kernel<M, 1, kEpilogue>, gemv_split::grid_for(groups, 1), block, s, w, sw, x, sx, N, chunks, y, r, gemv_split::prefetch_weights()); break;
-    case 2: gemv_split::launch(fp8_gemv_kernel<M, 2, kEpilogue>, gemv_split::grid_for(groups, 2), block, s, w, sw, x, sx, N, chunks, y, r, gemv_split::prefetch_weights()); break;
-    default: gemv_split::launch(fp8_gemv_kernel<M, 4, kEpilogue>, gemv_split::grid_for(groups, 4), block, s, w, sw, x, sx, N, chunks, y, r, gemv_split::prefetch_weights()); break;
+    case 1: gemv_split::launch(fp8_gemv_kernel<M, 1, kEpilogue>, gemv_split::grid_for(groups, 1), block, s, w, sw, x, sx, N, chunks, y, r); break;
+    case 2: gemv_split::launch(fp8_gemv_kernel<M, 2, kEpilogue>, gemv_split::grid_for(groups, 2), block, s, w, sw, x, sx, N, chunks, y, r); break;
+    default: gemv_split::launch(fp8_gemv_kernel<M, 4, kEpilogue>, gemv_split::grid_for(groups, 4), block, s, w, sw, x, sx, N, chunks, y, r); break;
   }
 }
 

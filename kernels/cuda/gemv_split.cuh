@@ -56,33 +56,6 @@ inline bool chained_launch() {
   return value;
 }
 
-/// Whether the GEMVs ask L2 for their weight rows before they wait for the previous kernel
-/// (prefetch_rows): INFER_GEMV_PREFETCH=1 (read once). Off by default until measured
-/// (bench/gpu_suite.sh prefetch-ab).
-inline bool prefetch_weights() {
-  static const bool value = [] {
-    const char* e = std::getenv("INFER_GEMV_PREFETCH");
-    return e != nullptr && std::atoi(e) != 0;
-  }();
-  return value;
-}
-
-/// Asks L2 for a row group's weight rows, whole, with one bulk prefetch per row (cp.async.bulk.prefetch.L2:
-/// no register is held, no completion awaited), issued by the group's first warp before the GEMV waits for
-/// the previous kernel. Why: a chained GEMV is resident while the kernel before it (a norm, the attention)
-/// runs, and those are bound by latency, not bandwidth: the weights can stream from HBM meanwhile. Weights
-/// are written once at load, so reading them before the wait is safe.
-template <int kSplit, int kRows>
-__device__ __forceinline__ void prefetch_rows(const uint4* const (&wr)[kRows], std::int64_t chunks) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int lane = static_cast<int>(threadIdx.x) % 32, sub = (static_cast<int>(threadIdx.x) / 32) % kSplit;
-  if (sub == 0 && lane < kRows) {
-    const auto bytes = static_cast<std::uint32_t>(chunks * 16);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wr[lane]), "r"(bytes) : "memory");
-  }
-#endif
-}
-
 /// A GEMV kernel's wait before it reads x: waits for the previous kernel, then lets the next one launch.
 /// Both are no-ops when the kernel was launched plainly.
 __device__ __forceinline__ void begin() { chained::wait_for_previous_kernel(); }
