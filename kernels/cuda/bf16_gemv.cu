@@ -164,54 +164,18 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) bf16_gemv_tc_kernel(cons
   const int slot_bytes = bf16_slot_bytes(M);
   float* part = reinterpret_cast<float*>(smem + tc_ring::kWarps * tc_ring::kStages * slot_bytes);
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const int g = lane >> 2, t = lane & 3;
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * tc_ring::kRows;
   const std::int64_t chunks = K / 8;  // 16-byte chunks of 8 values a row
   const tc_ring::Slice sl = tc_ring::slice_of((chunks + tc_ring::kPieces - 1) / tc_ring::kPieces, warp);
   unsigned char* ring = smem + warp * tc_ring::kStages * slot_bytes;
   const tc_ring::WeightPieces pieces(reinterpret_cast<const std::uint8_t*>(w), row0, N, K * 2, lane);
-  auto issue = [&](int i) {  // slot first + i into ring slot i % kStages; a group is committed either way
-    if (i < sl.count) {
-      const std::int64_t s = sl.first + i;
-      unsigned char* slot = ring + (i % tc_ring::kStages) * slot_bytes;
-      pieces.copy(slot, s, chunks, lane);
-      for (int q = lane; q < M * tc_ring::kPieces; q += 32) {  // x: row q / 16, piece q % 16
-        const int m = q / tc_ring::kPieces, col = q % tc_ring::kPieces;
-        const std::int64_t ch = s * tc_ring::kPieces + col;
-        const bool ok = ch < chunks;
-        detail::cp_async_16(detail::smem_u32(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(m, col)),
-                            x + m * K + (ok ? ch * 8 : 0), ok);
-      }
-    }
-    detail::cp_async_commit();
-  };
-
-  gemv_split::begin();
-#pragma unroll
-  for (int i = 0; i < tc_ring::kStages - 1; ++i) issue(i);
-  const bool has_x = g < M;
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int i = 0; i < sl.count; ++i) {
-    tc_ring::wait_slot();
-    const unsigned char* slot = ring + (i % tc_ring::kStages) * slot_bytes;
-    uint4 va[tc_ring::kStepsPerSlot], vb[tc_ring::kStepsPerSlot], vx[tc_ring::kStepsPerSlot];
-#pragma unroll
-    for (int h = 0; h < tc_ring::kStepsPerSlot; ++h) {
-      const int col = 4 * h + t;
-      va[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::piece_offset(g, col));
-      vb[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::piece_offset(g + 8, col));
-      vx[h] = has_x ? *reinterpret_cast<const uint4*>(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(g, col))
-                    : make_uint4(0, 0, 0, 0);
-    }
-    issue(i + tc_ring::kStages - 1);
-#pragma unroll
-    for (int h = 0; h < tc_ring::kStepsPerSlot; ++h) {
-      const std::uint32_t a0[4] = {va[h].x, vb[h].x, va[h].y, vb[h].y}, a1[4] = {va[h].z, vb[h].z, va[h].w, vb[h].w};
-      detail::mma_m16n8k16_bf16(c, a0, vx[h].x, vx[h].y);
-      detail::mma_m16n8k16_bf16(c, a1, vx[h].z, vx[h].w);
-    }
-  }
-  detail::cp_async_wait<0>();
+  tc_ring::stream(ring, slot_bytes, pieces, reinterpret_cast<const std::uint8_t*>(x), K * 2, M, chunks, sl, lane,
+                  [&](const uint4& va, const uint4& vb, const uint4& vx) {
+                    const std::uint32_t a0[4] = {va.x, vb.x, va.y, vb.y}, a1[4] = {va.z, vb.z, va.w, vb.w};
+                    detail::mma_m16n8k16_bf16(c, a0, vx.x, vx.y);
+                    detail::mma_m16n8k16_bf16(c, a1, vx.z, vx.w);
+                  });
   tc_ring::store_partial(part, c, warp, lane);
   const int i = static_cast<int>(threadIdx.x);
   if (i >= tc_ring::kRows * M) return;

@@ -319,59 +319,21 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const
   extern __shared__ __align__(16) unsigned char smem[];
   const int slot_bytes = fp8_slot_bytes(M);
   float* part = reinterpret_cast<float*>(smem + tc_ring::kWarps * kStages * slot_bytes);  // [warp][row][m]
-
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const int g = lane >> 2, t = lane & 3;
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * tc_ring::kRows;
   const std::int64_t chunks = K / 16;
   const tc_ring::Slice sl = tc_ring::slice_of((chunks + tc_ring::kPieces - 1) / tc_ring::kPieces, warp);
   unsigned char* ring = smem + warp * kStages * slot_bytes;
   const tc_ring::WeightPieces pieces(w, row0, N, K, lane);
-  auto issue = [&](int i) {  // slot first + i into ring slot i % kStages; a group is committed either way
-    if (i < sl.count) {
-      const std::int64_t s = sl.first + i;
-      unsigned char* slot = ring + (i % kStages) * slot_bytes;
-      pieces.copy(slot, s, chunks, lane);
-      for (int q = lane; q < M * tc_ring::kPieces; q += 32) {  // x's codes: row q / 16, piece q % 16
-        const int m = q / tc_ring::kPieces, col = q % tc_ring::kPieces;
-        const std::int64_t ch = s * tc_ring::kPieces + col;
-        const bool ok = ch < chunks;
-        detail::cp_async_16(detail::smem_u32(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(m, col)),
-                            x + m * K + (ok ? ch * 16 : 0), ok);
-      }
-    }
-    detail::cp_async_commit();
-  };
-
-  gemv_split::begin();
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i);
-  const bool has_x = g < M;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int i = 0; i < sl.count; ++i) {
-    tc_ring::wait_slot();
-    const unsigned char* slot = ring + (i % kStages) * slot_bytes;
-    uint4 va[tc_ring::kStepsPerSlot], vb[tc_ring::kStepsPerSlot], vx[tc_ring::kStepsPerSlot];
+  tc_ring::stream(ring, slot_bytes, pieces, x, K, M, chunks, sl, lane, [&](const uint4& va, const uint4& vb, const uint4& vx) {
+    // Each k-step's 64 products are summed from zero and then added to c in f32 (see the rounding note).
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_e4m3(p, va.x, vb.x, va.y, vb.y, vx.x, vx.y);
+    mma_e4m3(p, va.z, vb.z, va.w, vb.w, vx.z, vx.w);
 #pragma unroll
-    for (int h = 0; h < tc_ring::kStepsPerSlot; ++h) {
-      const int col = 4 * h + t;
-      va[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::piece_offset(g, col));
-      vb[h] = *reinterpret_cast<const uint4*>(slot + tc_ring::piece_offset(g + 8, col));
-      vx[h] = has_x ? *reinterpret_cast<const uint4*>(slot + tc_ring::kWeightBytes + tc_ring::piece_offset(g, col)) : zero;
-    }
-    issue(i + kStages - 1);
-#pragma unroll
-    for (int h = 0; h < tc_ring::kStepsPerSlot; ++h) {
-      // Each k-step's 64 products are summed from zero and then added to c in f32 (see the rounding note).
-      float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_e4m3(p, va[h].x, vb[h].x, va[h].y, vb[h].y, vx[h].x, vx[h].y);
-      mma_e4m3(p, va[h].z, vb[h].z, va[h].w, vb[h].w, vx[h].z, vx[h].w);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) c[j] += p[j];
-    }
-  }
-  detail::cp_async_wait<0>();
+    for (int j = 0; j < 4; ++j) c[j] += p[j];
+  });
   tc_ring::store_partial(part, c, warp, lane);
   const int i = static_cast<int>(threadIdx.x);
   if (i >= tc_ring::kRows * M) return;

@@ -17,11 +17,12 @@
 // Slot layout: row r's 16 pieces of 16 bytes at r · 256, piece c stored at c ^ ((r & 1) · 4) so that lane
 // (g, t) reading piece 4h + t of rows g and g + 8 (k-step h of the slot) meets no bank conflict: a phase's
 // eight lanes read rows g = 0, 1, whose pieces then sit in different halves of the 128-byte bank window.
-// What follows the weights in a slot is the kernel's (piece_offset places x's rows the same way).
+// x's M rows follow the weights in a slot, placed the same way (stream).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "chained_launch.cuh"
 #include "mma_bf16.cuh"
 
 namespace infer::kernels::cuda::tc_ring {
@@ -75,6 +76,53 @@ struct WeightPieces {
 __device__ __forceinline__ void wait_slot() {
   detail::cp_async_wait<kStages - 2>();
   __syncwarp();
+}
+
+/// A warp's whole stream: waits for the previous kernel (chained launch), then runs its slice `sl` of the
+/// block's rows through its ring (kStages slots of `slot_bytes` at `ring`), each slot holding the weights' 256
+/// bytes of the 16 rows and then x's M rows' 256 bytes at the same inputs (x row m at x + m·x_row_bytes, the
+/// same 16-byte chunk order as the weights). For every 64-byte k-step it calls mma_step(va, vb, vx): lane (g,
+/// t)'s 16 bytes of rows g and g + 8 and of x row g (zero for g >= M), all at chunk t of the step.
+template <class MmaStep>
+__device__ __forceinline__ void stream(unsigned char* ring, int slot_bytes, const WeightPieces& pieces,
+                                       const std::uint8_t* x, std::int64_t x_row_bytes, int M, std::int64_t chunks,
+                                       Slice sl, int lane, MmaStep&& mma_step) {
+  const int g = lane >> 2, t = lane & 3;
+  auto issue = [&](int i) {  // slot sl.first + i into ring slot i % kStages; a group is committed either way
+    if (i < sl.count) {
+      const std::int64_t s = sl.first + i;
+      unsigned char* slot = ring + (i % kStages) * slot_bytes;
+      pieces.copy(slot, s, chunks, lane);
+      for (int q = lane; q < M * kPieces; q += 32) {  // x: row q / 16, piece q % 16
+        const int m = q / kPieces, col = q % kPieces;
+        const std::int64_t ch = s * kPieces + col;
+        const bool ok = ch < chunks;
+        detail::cp_async_16(detail::smem_u32(slot + kWeightBytes + piece_offset(m, col)), x + m * x_row_bytes + (ok ? ch * 16 : 0),
+                            ok);
+      }
+    }
+    detail::cp_async_commit();
+  };
+  chained::wait_for_previous_kernel();
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+  const bool has_x = g < M;
+  for (int i = 0; i < sl.count; ++i) {
+    wait_slot();
+    const unsigned char* slot = ring + (i % kStages) * slot_bytes;
+    uint4 va[kStepsPerSlot], vb[kStepsPerSlot], vx[kStepsPerSlot];
+#pragma unroll
+    for (int h = 0; h < kStepsPerSlot; ++h) {
+      const int col = 4 * h + t;
+      va[h] = *reinterpret_cast<const uint4*>(slot + piece_offset(g, col));
+      vb[h] = *reinterpret_cast<const uint4*>(slot + piece_offset(g + 8, col));
+      vx[h] = has_x ? *reinterpret_cast<const uint4*>(slot + kWeightBytes + piece_offset(g, col)) : make_uint4(0, 0, 0, 0);
+    }
+    issue(i + kStages - 1);
+#pragma unroll
+    for (int h = 0; h < kStepsPerSlot; ++h) mma_step(va[h], vb[h], vx[h]);
+  }
+  detail::cp_async_wait<0>();
 }
 
 /// The block's partial sums: warp `warp`'s mma accumulator c (rows g, g + 8; activation columns 2t, 2t + 1)
