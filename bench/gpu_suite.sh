@@ -26,8 +26,8 @@
 #                                one's infer-bench-latency ($BASELINE/bin, default /root/stage/baseline: a tgz of
 #                                an earlier pack's bin/infer-bench-latency, unpacked there), alternating, two runs
 #                                each: a change that has no switch, measured against its parent on one machine
-#   bench/gpu_suite.sh fusions-each  each step fusion alone (INFER_STEP_FUSIONS=merge, rope, swiglu) against none:
-#                                Llama-3-8B batch-1 decode, bf16 and fp8; and prefill_q on the TTFT of 2048 tokens
+#   bench/gpu_suite.sh fusions-each  each step fusion alone (INFER_STEP_FUSIONS=merge, rope) against none:
+#                                Llama-3-8B batch-1 decode, bf16 and fp8
 #   bench/gpu_suite.sh quantizers  Llama-3-8B batch-1 decode (512 + 128) with each quantizer the GPU runs: bf16,
 #                                fp8, int8, int4, in turn, two runs each
 #   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores (the default)
@@ -253,16 +253,12 @@ case "${1:-}" in
       done
     done
     ;;
-  fusions-each)  # each step fusion alone against none: batch-1 decode (bf16, fp8), and TTFT of a 2048-token prompt
+  fusions-each)  # each step fusion alone against none: batch-1 decode (bf16, fp8)
     for r in 1 2; do
-      for spec in "bf16 0" "bf16 merge" "bf16 rope" "fp8 0" "fp8 merge" "fp8 rope" "fp8 swiglu"; do
+      for spec in "bf16 0" "bf16 merge" "bf16 rope" "fp8 0" "fp8 merge" "fp8 rope"; do
         set -- $spec
         INFER_STEP_FUSIONS=$2 run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 --batch-size 1 \
           --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-fusion-$2-r$r.json"
-      done
-      for f in 0 prefill_q; do
-        INFER_STEP_FUSIONS=$f run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 --input-len 2048 \
-          --output-len 4 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-2048-ttft-fusion-$f-r$r.json"
       done
     done
     ;;

@@ -172,30 +172,27 @@ __device__ __forceinline__ float dot16(const uint4& w, const uint4& x) {
 
 using gemv_split::Epilogue;
 
-/// y = x·Wᵀ scaled, for N rows of W; with swiglu (W = [gate; up], 2N rows) y[m][n] = silu(g)·u of gate row n
-/// and up row n (g, u scaled, in f32); with rope a row group owns rotation pair `group` of the stacked
-/// [q; k; v] weight (N rows) and writes its results as RoPE and the KV-cache write would (rope_epilogue.cuh).
+/// y = x·Wᵀ scaled, for N rows of W; with rope a row group owns rotation pair `group` of the stacked [q; k; v]
+/// weight (N rows) and writes its results as RoPE and the KV-cache write would (rope_epilogue.cuh).
 template <int M, int kSplit, Epilogue kEpilogue>
 __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __restrict__ w, const float* __restrict__ w_scale,
                                                                const uint4* __restrict__ x, const float* __restrict__ x_scale,
                                                                std::int64_t N, std::int64_t chunks,
                                                                std::uint16_t* __restrict__ y, const RopeKvWrite rope) {
-  constexpr bool kRope = kEpilogue == Epilogue::rope, kSwiGLU = kEpilogue == Epilogue::swiglu;
+  static_assert(kEpilogue != Epilogue::swiglu, "the FP8 SwiGLU epilogue was measured and removed (2026-12-06)");
+  constexpr bool kRope = kEpilogue == Epilogue::rope;
   const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
-  const std::int64_t row0 = kSwiGLU ? group : group * kRows;  // swiglu: N is the number of gate rows
+  const std::int64_t row0 = group * kRows;
   const bool active = row0 < N;  // an inactive group still reaches combine's barrier
   rope_epilogue::Pair pair{};
   rope_epilogue::Token tokens[kRope ? M : 1];
-  float rs0 = 0.0f, rs1 = 0.0f;  // paired epilogues: the two rows' weight scales, read before the stream
+  float rs0 = 0.0f, rs1 = 0.0f;  // rope: the pair's two weight scales, read before the stream
   const uint4* wr[kRows];
   if constexpr (kRope) {
     pair = rope_epilogue::pair_of(rope, active ? group : 0);
     wr[0] = w + pair.row0 * chunks;
     wr[1] = w + pair.row1 * chunks;
-  } else if constexpr (kSwiGLU) {
-    wr[0] = w + row0 * chunks;
-    wr[1] = w + (N + row0) * chunks;
   } else {
     for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
   }
@@ -206,11 +203,6 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __re
       for (int m = 0; m < M; ++m) tokens[m] = rope_epilogue::token_of(rope, pair, m);
       rs0 = w_scale[pair.row0];
       rs1 = w_scale[pair.row1];
-    }
-  } else if constexpr (kSwiGLU) {
-    if (active) {
-      rs0 = w_scale[row0];
-      rs1 = w_scale[N + row0];
     }
   }
 
@@ -223,12 +215,6 @@ __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __re
     for (int m = 0; m < M; ++m)
       rope_epilogue::write(rope, pair, tokens[m], m, N, gemv_split::to_bf16(acc[0][m] * (rs0 * x_scale[m])),
                            gemv_split::to_bf16(acc[1][m] * (rs1 * x_scale[m])), y);
-  } else if constexpr (kSwiGLU) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float g = acc[0][m] * (rs0 * x_scale[m]), u = acc[1][m] * (rs1 * x_scale[m]);
-      y[m * N + row0] = gemv_split::to_bf16(g / (1.0f + expf(-g)) * u);  // swiglu.cu's silu, accurate expf
-    }
   } else {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -251,11 +237,11 @@ void launch_m(int split, std::int64_t groups, const uint4* w, const float* sw, c
   }
 }
 
-/// The CUDA-core kernel for M rows (N: rows of W, rope.row_length() with rope; gate rows with swiglu).
+/// The CUDA-core kernel for M rows (N: rows of W, rope.row_length() with rope).
 template <Epilogue kEpilogue>
 void launch_cuda_cores(const uint4* w4, const float* w_scale, const uint4* x4, const float* x_scale, int M,
                        std::int64_t N, std::int64_t chunks, std::uint16_t* y, const RopeKvWrite& r, cudaStream_t s) {
-  const std::int64_t groups = kEpilogue == Epilogue::swiglu ? N : (N + kRows - 1) / kRows;
+  const std::int64_t groups = (N + kRows - 1) / kRows;
   const int split = gemv_split::split_for(groups, chunks, kUnroll);
   switch (M) {
     case 1: launch_m<1, kEpilogue>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
@@ -423,15 +409,6 @@ void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t*
                                        x_scale, M, N, K / 16, y_bf16, RopeKvWrite{}, s);
   }
   backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv: kernel launch");
-}
-
-void fp8_gemv_swiglu(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
-                     std::int64_t I, std::int64_t K, std::uint16_t* y_bf16, void* stream) {
-  check_gemv_args("cuda::fp8_gemv_swiglu", w_q, w_scale, x_q, x_scale, M, 2 * I, K, y_bf16);
-  if (I == 0) return;
-  launch_cuda_cores<Epilogue::swiglu>(reinterpret_cast<const uint4*>(w_q), w_scale, reinterpret_cast<const uint4*>(x_q),
-                                      x_scale, M, I, K / 16, y_bf16, RopeKvWrite{}, static_cast<cudaStream_t>(stream));
-  backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv_swiglu: kernel launch");
 }
 
 void fp8_gemv_rope(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,

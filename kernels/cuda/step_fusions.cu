@@ -11,7 +11,7 @@
 namespace infer::kernels::cuda {
 namespace {
 
-constexpr unsigned kAll = 15;
+constexpr unsigned kAll = 3;
 
 /// INFER_STEP_FUSIONS as a mask: "1" all, "0" or unset none, else the named fusions of a comma-separated list
 /// (unknown names are ignored).
@@ -27,8 +27,6 @@ unsigned mask_from_env() {
     const std::string name = list.substr(start, end - start);
     if (name == "merge") mask |= static_cast<unsigned>(StepFusion::merge);
     if (name == "rope") mask |= static_cast<unsigned>(StepFusion::rope);
-    if (name == "swiglu") mask |= static_cast<unsigned>(StepFusion::swiglu);
-    if (name == "prefill_q") mask |= static_cast<unsigned>(StepFusion::prefill_q);
     start = end + 1;
   }
   return mask;

@@ -377,9 +377,9 @@ class LlamaModel<cuda, Q, Attn> {
                                      rope.k_cache, rope.v_cache, rope.slot, s);
       }
       DeviceAttentionBatch b = attention_batch(layer, &cache, sh.width);
-      if (qkvw % 8 != 0 || (sh.prefill_rows > 0 && !kernels::cuda::step_fusion(kernels::cuda::StepFusion::prefill_q))) {
+      if (qkvw % 8 != 0 || sh.prefill_rows > 0) {
         // The attention kernels read q 16 bytes at a time: rows of another length are packed densely first
-        // (and a prefill step's q too unless StepFusion::prefill_q is on).
+        // (and a prefill step's q too: reading it in place measured no faster, 2026-12-06).
         backend::cuda::check(cudaMemcpy2DAsync(q, static_cast<std::size_t>(qs) * 2, qkv, static_cast<std::size_t>(qkvw) * 2,
                                                static_cast<std::size_t>(qs) * 2, static_cast<std::size_t>(T),
                                                cudaMemcpyDeviceToDevice, stream()),

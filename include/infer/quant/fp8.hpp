@@ -207,18 +207,6 @@ struct Fp8 {
       ctx.gemm->run_e4m3(codes, scales, w.q, w.scale, y, rows, w.out(), w.in(), ctx.stream);
   }
 
-  /// The optional SwiGLU hook (docs/policies.md): the stacked [gate; up] projection through the FP8 GEMV
-  /// with silu(gate)·up as its epilogue, where matmul would take the GEMV; false, having done nothing,
-  /// otherwise.
-  static bool matmul_swiglu(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
-                            std::uint16_t* y) {
-    if (!kernels::cuda::step_fusion(kernels::cuda::StepFusion::swiglu) || w.out() % 2 != 0) return false;
-    const auto in = quantized_for_gemv(ctx, w, x, rows);
-    if (!in) return false;
-    kernels::cuda::fp8_gemv_swiglu(w.q, w.scale, in->codes, in->scales, rows, w.out() / 2, w.in(), y, ctx.stream);
-    return true;
-  }
-
   /// The optional RoPE hook (docs/policies.md): the QKV projection through the FP8 GEMV with RoPE and the
   /// KV-cache write as its epilogue, where matmul would take the GEMV (rows <= kGemvMaxRows); false, having
   /// done nothing, otherwise.

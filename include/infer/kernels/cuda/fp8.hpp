@@ -44,13 +44,6 @@ void quantize_rows_e4m3(const float* x_f32, std::int64_t rows, std::int64_t K, s
 void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
               std::int64_t N, std::int64_t K, std::uint16_t* y_bf16, void* stream);
 
-/// SwiGLU fused into the FP8 gate/up GEMV: w_q is the stacked [2I][K] weight (gate rows 0..I-1, up rows
-/// I..2I-1, scales w_scale [2I]) and y[m][i] = bf16(silu(g)·u) with g, u the scaled dot products of gate
-/// row i and up row i in f32: what fp8_gemv into [M][2I] followed by `swiglu` computes, less the rounding of
-/// g and u to bf16 and a kernel. Always the CUDA-core kernel. Errors as fp8_gemv's (with N = 2I).
-void fp8_gemv_swiglu(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
-                     std::int64_t I, std::int64_t K, std::uint16_t* y_bf16, void* stream);
-
 /// RoPE and the KV-cache write fused into the FP8 QKV GEMV: fp8_gemv of the stacked [q; k; v] weight (N =
 /// rope.row_length() rows) followed by rope_write_kv(y, ..., T = M), bit for bit, in one kernel
 /// (kernels/cuda/rope_epilogue.cuh). Always the CUDA-core kernel. Errors as fp8_gemv's and rope_write_kv's.

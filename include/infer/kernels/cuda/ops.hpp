@@ -52,16 +52,16 @@ void rope_write_kv(std::uint16_t* qkv_bf16, const std::int32_t* positions, const
                    int nq, int nkv, int hd, int rope_style, std::uint16_t* k_cache, std::uint16_t* v_cache,
                    const std::int64_t* slot, void* stream);
 
-/// The fusions of 2026-12-06, each replacing kernels or copies of a step: the decode attention's splits merged
-/// by their last block (else a merge kernel), RoPE and the KV-cache write in the QKV GEMV (else rope_write_kv),
-/// SwiGLU in the FP8 gate/up GEMV (else the swiglu kernel), and a prefill step's attention reading q in the
-/// fused QKV rows (else q is packed by a copy first).
-enum class StepFusion : unsigned { merge = 1, rope = 2, swiglu = 4, prefill_q = 8 };
+/// The fusions of 2026-12-06 still in the tree, each replacing kernels of a step: the decode attention's splits
+/// merged by their last block (else a merge kernel), and RoPE with the KV-cache write in the QKV GEMV (else
+/// rope_write_kv). Measured one at a time on an H100 (6f343e6, bench/results/gpu-2026-12-06b): merge 1-2% slower
+/// at batch 1, rope within ±0.5%; the FP8 SwiGLU epilogue (±0.5%) and the prefill attention reading q in place
+/// (no change in TTFT) were removed after that run.
+enum class StepFusion : unsigned { merge = 1, rope = 2 };
 
-/// Whether the step runs fusion `f`. Off unless INFER_STEP_FUSIONS (read once) names it: `1` for all of them,
-/// or a comma-separated list of `merge`, `rope`, `swiglu`, `prefill_q`; or set_step_fusions(true). They are
-/// bit-identical or within the same bounds as what they replace, but all four together were 1-2.5% slower
-/// at batch 1 on an H100 (c5f0a98): one A/B each is bench/gpu_suite.sh fusions-each. kernels/cuda/step_fusions.cu.
+/// Whether the step runs fusion `f`. Off unless INFER_STEP_FUSIONS (read once) names it: `1` for both, or a
+/// comma-separated list of `merge`, `rope`; or set_step_fusions(true). They are bit-identical or within the
+/// same bounds as what they replace. One A/B each: bench/gpu_suite.sh fusions-each. kernels/cuda/step_fusions.cu.
 [[nodiscard]] bool step_fusion(StepFusion f);
 /// Whether any of them is on.
 [[nodiscard]] bool step_fusions();
