@@ -21,10 +21,7 @@
 // included): rope_epilogue.cuh.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
@@ -176,38 +173,22 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) bf16_gemv_tc_kernel(cons
                     detail::mma_m16n8k16_bf16(c, a0, vx.x, vx.y);
                     detail::mma_m16n8k16_bf16(c, a1, vx.z, vx.w);
                   });
-  tc_ring::store_partial(part, c, warp, lane);
-  const int i = static_cast<int>(threadIdx.x);
-  if (i >= tc_ring::kRows * M) return;
-  const int r = i / M, m = i % M;
-  const std::int64_t row = row0 + r;
-  if (row >= N) return;
-  const float sum = tc_ring::row_sum(part, r, m);
-  if constexpr (sizeof(Out) == 2) y[m * N + row] = gemv_split::to_bf16(sum);
-  else y[m * N + row] = sum;
+  tc_ring::write_outputs(part, c, warp, lane, row0, N, M, [&](std::int64_t row, int m, float sum) {
+    if constexpr (sizeof(Out) == 2) y[m * N + row] = gemv_split::to_bf16(sum);
+    else y[m * N + row] = sum;
+  });
 }
 
 template <class Out>
 void launch_tensor_cores(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t N, std::int64_t K, Out* y,
                          cudaStream_t s) {
-  static const cudaError_t raised = cudaFuncSetAttribute(bf16_gemv_tc_kernel<Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         static_cast<int>(bf16_tc_smem_bytes(kGemvMaxRows)));
-  backend::cuda::check(raised, "cuda::bf16_gemv: raising the tensor-core kernel's shared memory");
-  chained::launch(bf16_gemv_tc_kernel<Out>, dim3(static_cast<unsigned>((N + tc_ring::kRows - 1) / tc_ring::kRows)),
-                  dim3(tc_ring::kWarps * 32), bf16_tc_smem_bytes(M), s, w, x, M, N, K, y);
+  tc_ring::launch<bf16_gemv_tc_kernel<Out>>(bf16_tc_smem_bytes(kGemvMaxRows), bf16_tc_smem_bytes(M), N, s,
+                                            "cuda::bf16_gemv: raising the tensor-core kernel's shared memory", w, x, M, N,
+                                            K, y);
 }
 
-std::atomic<int> g_gemv_path{static_cast<int>(Bf16GemvPath::automatic)};
-
-Bf16GemvPath resolve_gemv_path() {
-  const auto p = static_cast<Bf16GemvPath>(g_gemv_path.load(std::memory_order_relaxed));
-  if (p != Bf16GemvPath::automatic) return p;
-  static const Bf16GemvPath env = [] {
-    const char* v = std::getenv("INFER_BF16_GEMV");
-    return v != nullptr && std::strcmp(v, "cuda_cores") == 0 ? Bf16GemvPath::cuda_cores : Bf16GemvPath::tensor_cores;
-  }();
-  return env;
-}
+tc_ring::PathSwitch<Bf16GemvPath> g_gemv_path;
+Bf16GemvPath resolve_gemv_path() { return g_gemv_path.get("INFER_BF16_GEMV"); }
 
 /// N: output rows (store), gate rows (swiglu) or rotation pairs (rope).
 template <class Out, Epilogue kEpilogue = Epilogue::store>
@@ -270,7 +251,7 @@ int bf16_gemv_preferred_rows() noexcept {
 }
 
 Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path) {
-  return static_cast<Bf16GemvPath>(g_gemv_path.exchange(static_cast<int>(path), std::memory_order_relaxed));
+  return g_gemv_path.set(path);
 }
 
 void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x, int M, std::int64_t I, std::int64_t K,

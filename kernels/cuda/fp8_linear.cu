@@ -16,10 +16,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
@@ -320,38 +317,20 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const
 #pragma unroll
     for (int j = 0; j < 4; ++j) c[j] += p[j];
   });
-  tc_ring::store_partial(part, c, warp, lane);
-  const int i = static_cast<int>(threadIdx.x);
-  if (i >= tc_ring::kRows * M) return;
-  const int r = i / M, m = i % M;
-  const std::int64_t row = row0 + r;
-  if (row >= N) return;
-  y[m * N + row] = gemv_split::to_bf16(tc_ring::row_sum(part, r, m) * (w_scale[row] * x_scale[m]));
+  tc_ring::write_outputs(part, c, warp, lane, row0, N, M, [&](std::int64_t row, int m, float sum) {
+    y[m * N + row] = gemv_split::to_bf16(sum * (w_scale[row] * x_scale[m]));
+  });
 }
 
-/// Launches the tensor-core kernel: N / 16 blocks, the shared memory it needs (raised past the 48 KiB default
-/// once, to the most any M takes).
 void launch_tensor_cores(const std::uint8_t* w, const float* w_scale, const std::uint8_t* x, const float* x_scale, int M,
                          std::int64_t N, std::int64_t K, std::uint16_t* y, cudaStream_t s) {
-  static const cudaError_t raised = cudaFuncSetAttribute(fp8_gemv_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         static_cast<int>(fp8_smem_bytes(kGemvMaxRows)));
-  backend::cuda::check(raised, "cuda::fp8_gemv: raising the tensor-core kernel's shared memory");
-  const auto blocks = static_cast<unsigned>((N + tc_ring::kRows - 1) / tc_ring::kRows);
-  chained::launch(fp8_gemv_tc_kernel, dim3(blocks), dim3(tc_ring::kWarps * 32), fp8_smem_bytes(M), s, w, w_scale, x, x_scale,
-                  M, N, K, y);
+  tc_ring::launch<fp8_gemv_tc_kernel>(fp8_smem_bytes(kGemvMaxRows), fp8_smem_bytes(M), N, s,
+                                      "cuda::fp8_gemv: raising the tensor-core kernel's shared memory", w, w_scale, x,
+                                      x_scale, M, N, K, y);
 }
 
-std::atomic<int> g_gemv_path{static_cast<int>(Fp8GemvPath::automatic)};
-
-Fp8GemvPath resolve_gemv_path() {
-  const auto p = static_cast<Fp8GemvPath>(g_gemv_path.load(std::memory_order_relaxed));
-  if (p != Fp8GemvPath::automatic) return p;
-  static const Fp8GemvPath env = [] {
-    const char* v = std::getenv("INFER_FP8_GEMV");
-    return v != nullptr && std::strcmp(v, "cuda_cores") == 0 ? Fp8GemvPath::cuda_cores : Fp8GemvPath::tensor_cores;
-  }();
-  return env;
-}
+tc_ring::PathSwitch<Fp8GemvPath> g_gemv_path;
+Fp8GemvPath resolve_gemv_path() { return g_gemv_path.get("INFER_FP8_GEMV"); }
 
 template <class In>
 void quantize(const In* x, std::int64_t rows, std::int64_t K, std::uint8_t* q, float* scale, void* stream) {
@@ -423,7 +402,7 @@ void fp8_gemv_rope(const std::uint8_t* w_q, const float* w_scale, const std::uin
 }
 
 Fp8GemvPath set_fp8_gemv_path(Fp8GemvPath path) {
-  return static_cast<Fp8GemvPath>(g_gemv_path.exchange(static_cast<int>(path), std::memory_order_relaxed));
+  return g_gemv_path.set(path);
 }
 
 }  // namespace infer::kernels::cuda

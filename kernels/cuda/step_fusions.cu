@@ -11,7 +11,7 @@
 namespace infer::kernels::cuda {
 namespace {
 
-constexpr unsigned kAll = 3;
+constexpr unsigned kAll = static_cast<unsigned>(StepFusion::merge) | static_cast<unsigned>(StepFusion::rope);
 
 /// INFER_STEP_FUSIONS as a mask: "1" all, "0" or unset none, else the named fusions of a comma-separated list
 /// (unknown names are ignored).

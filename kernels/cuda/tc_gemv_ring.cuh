@@ -20,8 +20,14 @@
 // x's M rows follow the weights in a slot, placed the same way (stream).
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
 
+#include "infer/backend/cuda_runtime.hpp"
 #include "chained_launch.cuh"
 #include "mma_bf16.cuh"
 
@@ -146,5 +152,51 @@ __device__ __forceinline__ float row_sum(const float* part, int r, int m) {
 }
 
 constexpr int kPartFloats = kWarps * kRows * 8;
+
+/// The block's end: its warps' accumulators c into `part` (store_partial), then thread i < 16·M writes output (row
+/// row0 + i / M, activation row i % M) for rows below N by calling write(row, m, Σ over the warps). Every thread of
+/// the block must call it.
+template <class Write>
+__device__ __forceinline__ void write_outputs(float* part, const float (&c)[4], int warp, int lane, std::int64_t row0,
+                                              std::int64_t N, int M, Write&& write) {
+  store_partial(part, c, warp, lane);
+  const int i = static_cast<int>(threadIdx.x);
+  if (i >= kRows * M) return;
+  const int r = i / M, m = i % M;
+  if (row0 + r < N) write(row0 + r, m, row_sum(part, r, m));
+}
+
+/// Launches ring kernel `kKernel` chained, one block per 16 rows of N, with `smem` bytes of shared memory; its
+/// limit is raised past the 48 KiB default to `max_smem` (what any M takes) once, at the first launch.
+template <auto kKernel, class... Args>
+void launch(std::size_t max_smem, std::size_t smem, std::int64_t N, cudaStream_t stream, const char* who, Args&&... args) {
+  static const cudaError_t raised =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_smem));
+  backend::cuda::check(raised, who);
+  chained::launch(kKernel, dim3(static_cast<unsigned>((N + kRows - 1) / kRows)), dim3(kWarps * 32), smem, stream,
+                  std::forward<Args>(args)...);
+}
+
+/// A GEMV's process-wide choice between its CUDA-core kernel and its ring kernel (Bf16GemvPath, Fp8GemvPath:
+/// automatic, cuda_cores, tensor_cores): what set() chose, else, for automatic, the environment variable named
+/// at the first get() (read once): `cuda_cores` picks the CUDA cores, anything else the tensor cores.
+template <class Path>
+class PathSwitch {
+ public:
+  [[nodiscard]] Path get(const char* env) const {
+    const auto p = static_cast<Path>(chosen_.load(std::memory_order_relaxed));
+    if (p != Path::automatic) return p;
+    static const Path from_env = [env] {
+      const char* v = std::getenv(env);
+      return v != nullptr && std::strcmp(v, "cuda_cores") == 0 ? Path::cuda_cores : Path::tensor_cores;
+    }();
+    return from_env;
+  }
+  /// Sets the choice; returns the previous one.
+  Path set(Path p) { return static_cast<Path>(chosen_.exchange(static_cast<int>(p), std::memory_order_relaxed)); }
+
+ private:
+  std::atomic<int> chosen_{static_cast<int>(Path::automatic)};
+};
 
 }  // namespace infer::kernels::cuda::tc_ring
