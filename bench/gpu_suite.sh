@@ -26,14 +26,15 @@
 #                                one's infer-bench-latency ($BASELINE/bin, default /root/stage/baseline: a tgz of
 #                                an earlier pack's bin/infer-bench-latency, unpacked there), alternating, two runs
 #                                each: a change that has no switch, measured against its parent on one machine
-#   bench/gpu_suite.sh fusions-each  each step fusion alone (INFER_STEP_FUSIONS=merge, rope) against none:
-#                                Llama-3-8B batch-1 decode, bf16 and fp8
+#   bench/gpu_suite.sh kv-fp8    Llama-3-8B bf16 decode with the KV cache in bf16 and in FP8 (--kv-cache-dtype),
+#                                alternating: batch 1 (512 + 128, two runs each) and batch 64 with 2,048-token
+#                                contexts (where the decode step reads as many KV bytes as weight bytes)
 #   bench/gpu_suite.sh quantizers  Llama-3-8B batch-1 decode (512 + 128) with each quantizer the GPU runs: bf16,
 #                                fp8, int8, int4, in turn, two runs each
 #   bench/gpu_suite.sh fp8-ab    Llama-3-8B FP8 batch-1 decode with the FP8 GEMV on the tensor cores (the default)
 #                                and on the CUDA cores (INFER_FP8_GEMV=cuda_cores), alternating, two runs each
 #   bench/gpu_suite.sh profile   every kernel of an 8B bf16 prefill (2048 tokens) and of a batch-1 decode step,
-#                                bf16 and FP8, with and without INFER_STEP_FUSIONS, timed alone by ncu (eager),
+#                                bf16 and FP8, timed alone by ncu (eager),
 #                                summed per kernel and per launch order
 #   bench/gpu_suite.sh bf16-ab   Llama-3-8B bf16 batch-1 decode with bf16_gemv on the CUDA cores (INFER_BF16_GEMV=
 #                                cuda_cores) and on the tensor cores (the default), alternating, two runs each; then
@@ -245,20 +246,23 @@ case "${1:-}" in
       done
     done
     ;;
+  kv-fp8)  # the FP8 KV cache against bf16's (bf16 weights), alternating: batch 1, and batch 64 of 2,048-token contexts
+    for r in 1 2; do
+      for kv in auto fp8; do
+        run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 1 --input-len 512 --output-len 128 \
+          --num-iters 5 --kv-cache-dtype $kv --output-json "$out/latency-llama3-8b-b1-512-128-kv-$kv-r$r.json"
+      done
+    done
+    for kv in auto fp8 auto fp8; do
+      run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --batch-size 64 --input-len 2048 --output-len 128 \
+        --num-iters 2 --kv-cache-dtype $kv --output-json "$out/latency-llama3-8b-b64-2048-128-kv-$kv.json"
+    done
+    ;;
   quantizers)  # batch-1 decode with each quantizer, in turn, two runs each
     for r in 1 2; do
       for q in bf16 fp8 int8 int4; do
         run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $q --batch-size 1 --input-len 512 --output-len 128 \
           --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$q-r$r.json"
-      done
-    done
-    ;;
-  fusions-each)  # each step fusion alone against none: batch-1 decode (bf16, fp8)
-    for r in 1 2; do
-      for spec in "bf16 0" "bf16 merge" "bf16 rope" "fp8 0" "fp8 merge" "fp8 rope"; do
-        set -- $spec
-        INFER_STEP_FUSIONS=$2 run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 --batch-size 1 \
-          --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-fusion-$2-r$r.json"
       done
     done
     ;;
@@ -271,10 +275,9 @@ case "${1:-}" in
     done
     ;;
   profile)  # each kernel's time under ncu (alone, cold caches): the 8B prefill of 2048 tokens and a decode step
-    for spec in "2048 1 prefill-2048 bf16 0" "512 2 decode-b1-ctx512 bf16 0" "512 2 decode-b1-ctx512-fp8 fp8 0" \
-                "512 2 decode-b1-ctx512-fused bf16 1" "512 2 decode-b1-ctx512-fp8-fused fp8 1"; do
+    for spec in "2048 1 prefill-2048 bf16" "512 2 decode-b1-ctx512 bf16" "512 2 decode-b1-ctx512-fp8 fp8"; do
       set -- $spec
-      INFER_STEP_FUSIONS=$5 run ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      run ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
         --log-file "$out/ncu-$3.csv" "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $4 --batch-size 1 \
         --input-len $1 --output-len $2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
       python3 bench/ncu_summary.py "$out/ncu-$3.csv" | tee "$out/ncu-$3.txt"

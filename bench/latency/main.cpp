@@ -93,7 +93,7 @@ int run(const bench::ModelFlags& mf, const LatencyFlags& f) {
   }
   if constexpr (requires { engine.model().set_step_timing(true); }) engine.model().set_step_timing(true);
   const ModelConfig& c = engine.model().config();
-  const double kv_per_token = static_cast<double>(engine.model().kv_bytes_per_token());
+  const double kv_per_token = static_cast<double>(engine.model().kv_bytes_per_token(engine.options().kv_cache_dtype));
 
   std::vector<Iteration> runs;
   double first_token_s = 0;

@@ -46,6 +46,7 @@ struct ModelFlags {
   Shape shape = default_static_shape;  ///< the static engine's slots
   std::string quantizer = "auto";  ///< int8, fp8 or int4 on either backend; cuda: auto (GGUF blocks in place) or bf16; cpu: auto (f32)
   bool enforce_eager = false;
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::automatic;
   double gpu_memory_utilization = 0.9;
   std::int32_t max_model_len = 0;
   std::int32_t max_num_seqs = 256;
@@ -62,6 +63,7 @@ struct ModelFlags {
     app.add_option("--quantizer", quantizer, "int8 (W8A16), fp8 (W8A8) or int4 (W4A16) on either backend; cuda: auto (GGUF blocks used in place) or bf16 (everything bf16); cpu: auto (f32)")
         ->check(CLI::IsMember({"auto", "bf16", "int8", "fp8", "int4"}));
     app.add_flag("--enforce-eager", enforce_eager, "cuda: run every step eagerly (no CUDA graphs)");
+    programs::add_kv_cache_dtype_flag(app, kv_cache_dtype);
     app.add_option("--gpu-memory-utilization", gpu_memory_utilization, "cuda: fraction of device memory to use")
         ->check(CLI::Range(0.01, 1.0));
     app.add_option("--max-model-len", max_model_len, "longest sequence (0 = the model's)");
@@ -87,6 +89,7 @@ struct ModelFlags {
     o.enable_prefix_caching = false;  // random prompts share nothing; the benchmark measures compute
     o.gpu_memory_utilization = gpu_memory_utilization;
     o.enforce_eager = enforce_eager;
+    o.kv_cache_dtype = kv_cache_dtype;
     o.scheduler.max_num_seqs = max_num_seqs;
     o.scheduler.max_num_batched_tokens = std::max(max_num_batched_tokens, o.max_model_len);
     o.static_shape = shape;
@@ -100,6 +103,7 @@ struct ModelFlags {
                                                                   {"max_output", shape.max_output}}
                                                 : nlohmann::json(nullptr)},
             {"quantizer", quantizer},          {"cuda_graphs", backend() == "cuda" && !enforce_eager},
+            {"kv_cache_dtype", std::string(to_string(kv_cache_dtype))},
             {"gpu_memory_utilization", gpu_memory_utilization},
             {"max_num_seqs", max_num_seqs},    {"max_num_batched_tokens", max_num_batched_tokens},
             {"prefix_caching", false}};

@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-memory-utilization", opt.engine_options.gpu_memory_utilization,
                  "cuda: fraction of the device this engine may use")
       ->check(CLI::Range(0.01, 1.0));
+  infer::programs::add_kv_cache_dtype_flag(app, opt.engine_options.kv_cache_dtype);
   app.add_option("--system", system, "a system message opening the conversation");
   app.add_option("--chat-template", chat_template, "built-in template instead of the model's: chatml, llama3, llama3.1, mistral");
   app.add_option("--temperature", sp.temperature);

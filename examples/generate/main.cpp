@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
                  "cuda: fraction of the device this engine may use (weights, activations, KV cache)")
       ->check(CLI::Range(0.01, 1.0));
   app.add_flag("--enforce-eager", opt.engine_options.enforce_eager, "cuda: run every step eagerly (no CUDA graphs)");
+  infer::programs::add_kv_cache_dtype_flag(app, opt.engine_options.kv_cache_dtype);
   app.add_option("prompts", prompt_args, "prompts (or use --prompts FILE)");
   app.add_option("--prompts", prompts_file, "a file: one prompt per line, or JSONL {\"prompt\"} / {\"messages\"}");
   app.add_flag("--chat", chat, "wrap each plain prompt as a user turn of the model's chat template");

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   app.add_option("--engine", opt.engine, "paged (continuous batching) or static (fixed shape)")
       ->check(CLI::IsMember({"paged", "static"}));
   infer::programs::add_shape_flags(app, opt.engine_options.static_shape);
+  infer::programs::add_kv_cache_dtype_flag(app, opt.engine_options.kv_cache_dtype);
   app.add_option("--prompts", num_prompts, "prompts in all, half of each question")->check(CLI::Range(2, 100000));
   app.add_option("--max-tokens", sp.max_tokens, "tokens per answer at most");
   app.add_option("--chat-template", opt.chat_template,

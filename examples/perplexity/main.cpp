@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "bf16", "int8", "fp8", "int4"}));
   app.add_option("--engine", opt.engine, "paged or static")->check(CLI::IsMember({"paged", "static"}));
   app.add_option("--kv-cache-memory", kv_memory, "KV cache size, e.g. 512M, 2G");
+  infer::programs::add_kv_cache_dtype_flag(app, opt.engine_options.kv_cache_dtype);
   app.add_flag("--json", as_json, "print one JSON document");
   CLI11_PARSE(app, argc, argv);
   if (stride == 0) stride = std::max<std::int64_t>(1, context / 2);

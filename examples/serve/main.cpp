@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
   app.add_flag("--enforce-eager", llm.engine_options.enforce_eager, "cuda: run every step eagerly (no CUDA graphs)");
+  infer::programs::add_kv_cache_dtype_flag(app, llm.engine_options.kv_cache_dtype);
   app.add_option("--engine", llm.engine, "paged (continuous batching) or static (fixed shape)")
       ->check(CLI::IsMember({"paged", "static"}));
   app.add_option("--block-size", llm.block_size, "paged engine: tokens per KV block (8, 16, 32 on the CPU; 16 on cuda)");

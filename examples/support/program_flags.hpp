@@ -40,6 +40,14 @@ inline void add_shape_flags(CLI::App& app, Shape& shape) {
   app.add_option("--max-output", shape.max_output, "static engine: most tokens generated")->capture_default_str();
 }
 
+/// --kv-cache-dtype auto|fp8|fp8_e4m3 (vLLM's flag): what the KV cache stores (kv_dtype.hpp).
+inline void add_kv_cache_dtype_flag(CLI::App& app, KvCacheDtype& dtype) {
+  app.add_option_function<std::string>(
+         "--kv-cache-dtype", [&dtype](const std::string& s) { dtype = parse_kv_cache_dtype(s); },
+         "auto (the model's type: f32 on the CPU, bf16 on the GPU) or fp8 (e4m3 codes, half of bf16's bytes)")
+      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}));
+}
+
 /// --engine-file, --build-if-missing, --rebuild: TensorRT-LLM's build-once flow.
 struct EngineFileFlags {
   std::filesystem::path file;

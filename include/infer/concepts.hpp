@@ -170,6 +170,18 @@ template <class K, class B>
 concept AttentionKernel = Backend<B> && attention_describes_itself<K> && attention_makes_views<K> &&
                           KvView<typename K::template view<float>> && attention_computes<K, B>;
 
+/// An AttentionKernel that also reads an FP8 KV cache (KvCacheDtype::fp8_e4m3) on backend B: it says so with
+/// `static constexpr bool reads_fp8_kv_cache = true`, and then honours DeviceAttentionBatch::kv_dtype on the
+/// GPU; on the CPU it must also take `view<std::uint8_t>` (e4m3 codes and the view's k_scale / v_scale), so a
+/// kernel that inherits the flag but overrides attend for f32 views only does not qualify. An engine asked
+/// for an FP8 cache with a kernel that does not qualify refuses at construction, naming it.
+template <class K, class B>
+concept reads_fp8_kv_cache =
+    requires { requires K::reads_fp8_kv_cache; } &&
+    (!std::same_as<B, cpu> ||
+     requires(const AttentionShape& shape, const float* q, float* out, std::int32_t n,
+              const typename K::template view<std::uint8_t>& kv) { K::attend(cpu{}, shape, q, out, n, n, kv); });
+
 // ---- Quantizer --------------------------------------------------------------------------------------
 struct LinearRequest;  // quant/linear_request.hpp: a weight asked for by role, with its logical shape
 

@@ -15,10 +15,6 @@
 // [gate; up] weight instead of two neighbours, so lane 0 ends with both dot products and writes
 // silu(gate) * up itself: the decode step's separate SwiGLU kernel, and the bf16 round trip of gate and up
 // through memory, disappear (one kernel of ~3 µs per layer at batch 1).
-//
-// RoPE variant (bf16_gemv_rope): a warp's two rows are the two rows of a rotation pair of the stacked
-// [q; k; v] weight, and lane 0 rotates them and writes q, k and v where rope_write_kv would (the KV cache
-// included): rope_epilogue.cuh.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -29,7 +25,6 @@
 #include "gemv_split.cuh"
 #include "mma_bf16.cuh"
 #include "tc_gemv_ring.cuh"
-#include "rope_epilogue.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -56,30 +51,22 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
 using gemv_split::Epilogue;
 
 /// y[m][n] = x[m]·W[n] for n < N; with swiglu (W = [gate; up], 2N rows) y[m][n] = silu(x[m]·W[n]) ·
-/// x[m]·W[N + n]; with rope, y = x·Wᵀ rotated and written to the cache as `rope` says. A row group (kSplit
-/// warps) owns kRows rows (swiglu: gate row i and up row i; rope: rotation pair `group`).
+/// x[m]·W[N + n]. A row group (kSplit warps) owns kRows rows (swiglu: gate row i and up row i).
 template <int M, class Out, Epilogue kEpilogue, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __restrict__ w, const uint4* __restrict__ x,
-                                                                std::int64_t N, std::int64_t chunks, Out* __restrict__ y,
-                                                                const RopeKvWrite rope) {
+                                                                std::int64_t N, std::int64_t chunks, Out* __restrict__ y) {
   constexpr bool kPaired = kEpilogue != Epilogue::store;
   static_assert(!kPaired || (kRows == 2 && sizeof(Out) == 2), "a paired epilogue takes two rows, bf16 out");
   static_assert(kWarps % kSplit == 0, "a block holds whole row groups");
   const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
-  // rope: N is the number of pairs (half the rows).
   const std::int64_t row0 = kPaired ? group : group * kRows;
   // A group past the last row still reaches the block's barrier (kSplit > 1); it reads nothing.
   const bool active = row0 < N;
-  rope_epilogue::Pair pair{};
   const uint4* wr[kRows];
   if constexpr (kEpilogue == Epilogue::swiglu) {
     wr[0] = w + row0 * chunks;
     wr[1] = w + (N + row0) * chunks;
-  } else if constexpr (kEpilogue == Epilogue::rope) {
-    pair = rope_epilogue::pair_of(rope, active ? group : 0);
-    wr[0] = w + pair.row0 * chunks;
-    wr[1] = w + pair.row1 * chunks;
   } else {
     for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
   }
@@ -87,13 +74,6 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
   if constexpr (kSplit == 1) {
     if (!active) return;  // exiting counts as letting the next kernel launch
   }
-  rope_epilogue::Token tokens[kEpilogue == Epilogue::rope ? M : 1];
-  if constexpr (kEpilogue == Epilogue::rope) {
-    if (active)
-#pragma unroll
-      for (int m = 0; m < M; ++m) tokens[m] = rope_epilogue::token_of(rope, pair, m);
-  }
-
   float acc[kRows][M];
   gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(wr, x, chunks, active, acc,
                                                      [](const uint4& a, const uint4& b) { return dot8(a, b); });
@@ -104,11 +84,6 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
       const float g = acc[0][m], u = acc[1][m];
       y[m * N + row0] = gemv_split::to_bf16(g / (1.0f + expf(-g)) * u);  // swiglu.cu's silu, accurate expf
     }
-  } else if constexpr (kEpilogue == Epilogue::rope) {
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-      rope_epilogue::write(rope, pair, tokens[m], m, 2 * N, gemv_split::to_bf16(acc[0][m]),
-                           gemv_split::to_bf16(acc[1][m]), y);
   } else {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -124,13 +99,13 @@ __global__ void __launch_bounds__(kWarps * 32) bf16_gemv_kernel(const uint4* __r
 
 template <int M, class Out, Epilogue kEpilogue>
 void launch_m(int split, std::int64_t groups, const uint4* w, const uint4* x, std::int64_t N, std::int64_t chunks, Out* y,
-              const RopeKvWrite& rope, cudaStream_t s) {
+              cudaStream_t s) {
   const dim3 block(kWarps * 32);
   const auto grid = [&](int k) { return dim3(gemv_split::grid_for(groups, k)); };
   switch (split) {
-    case 1: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 1>, grid(1), block, s, w, x, N, chunks, y, rope); break;
-    case 2: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 2>, grid(2), block, s, w, x, N, chunks, y, rope); break;
-    default: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 4>, grid(4), block, s, w, x, N, chunks, y, rope); break;
+    case 1: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 1>, grid(1), block, s, w, x, N, chunks, y); break;
+    case 2: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 2>, grid(2), block, s, w, x, N, chunks, y); break;
+    default: gemv_split::launch(bf16_gemv_kernel<M, Out, kEpilogue, 4>, grid(4), block, s, w, x, N, chunks, y); break;
   }
 }
 
@@ -190,24 +165,24 @@ void launch_tensor_cores(const std::uint16_t* w, const std::uint16_t* x, int M, 
 tc_ring::PathSwitch<Bf16GemvPath> g_gemv_path;
 Bf16GemvPath resolve_gemv_path() { return g_gemv_path.get("INFER_BF16_GEMV"); }
 
-/// N: output rows (store), gate rows (swiglu) or rotation pairs (rope).
+/// N: output rows (store) or gate rows (swiglu).
 template <class Out, Epilogue kEpilogue = Epilogue::store>
 void launch(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t N, std::int64_t K, Out* y,
-            cudaStream_t s, const RopeKvWrite& rope = {}) {
+            cudaStream_t s) {
   const std::int64_t groups = kEpilogue != Epilogue::store ? N : (N + kRows - 1) / kRows;
   const std::int64_t chunks = K / 8;
   const int split = gemv_split::split_for(groups, chunks, kUnroll);
   const auto* w4 = reinterpret_cast<const uint4*>(w);
   const auto* x4 = reinterpret_cast<const uint4*>(x);
   switch (M) {
-    case 1: launch_m<1, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
-    case 2: launch_m<2, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
-    case 3: launch_m<3, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
-    case 4: launch_m<4, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
-    case 5: launch_m<5, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
-    case 6: launch_m<6, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
-    case 7: launch_m<7, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
-    default: launch_m<8, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, rope, s); break;
+    case 1: launch_m<1, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 2: launch_m<2, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 3: launch_m<3, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 4: launch_m<4, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 5: launch_m<5, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 6: launch_m<6, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, s); break;
+    case 7: launch_m<7, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, s); break;
+    default: launch_m<8, Out, kEpilogue>(split, groups, w4, x4, N, chunks, y, s); break;
   }
 }
 
@@ -260,16 +235,6 @@ void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x, in
   if (I == 0) return;
   launch<std::uint16_t, Epilogue::swiglu>(w_gate_up, x, M, I, K, y, static_cast<cudaStream_t>(stream));
   backend::cuda::check(cudaGetLastError(), "cuda::bf16_gemv_swiglu: kernel launch");
-}
-
-void bf16_gemv_rope(const std::uint16_t* w_qkv, const std::uint16_t* x, int M, std::int64_t K, const RopeKvWrite& rope,
-                    std::uint16_t* y, void* stream) {
-  check_rope_kv_write(rope, "cuda::bf16_gemv_rope");
-  const std::int64_t N = rope.row_length();
-  check_args(w_qkv, x, y, M, N, K);
-  if (N == 0) return;
-  launch<std::uint16_t, Epilogue::rope>(w_qkv, x, M, N / 2, K, y, static_cast<cudaStream_t>(stream), rope);
-  backend::cuda::check(cudaGetLastError(), "cuda::bf16_gemv_rope: kernel launch");
 }
 
 }  // namespace infer::kernels::cuda

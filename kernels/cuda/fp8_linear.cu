@@ -27,7 +27,6 @@
 #include "gemv_split.cuh"
 #include "mma_bf16.cuh"
 #include "tc_gemv_ring.cuh"
-#include "rope_epilogue.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -167,88 +166,58 @@ __device__ __forceinline__ float dot16(const uint4& w, const uint4& x) {
   return s;
 }
 
-using gemv_split::Epilogue;
-
-/// y = x·Wᵀ scaled, for N rows of W; with rope a row group owns rotation pair `group` of the stacked [q; k; v]
-/// weight (N rows) and writes its results as RoPE and the KV-cache write would (rope_epilogue.cuh).
-template <int M, int kSplit, Epilogue kEpilogue>
+/// y = x·Wᵀ scaled, for N rows of W.
+template <int M, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) fp8_gemv_kernel(const uint4* __restrict__ w, const float* __restrict__ w_scale,
                                                                const uint4* __restrict__ x, const float* __restrict__ x_scale,
                                                                std::int64_t N, std::int64_t chunks,
-                                                               std::uint16_t* __restrict__ y, const RopeKvWrite rope) {
-  static_assert(kEpilogue != Epilogue::swiglu, "the FP8 SwiGLU epilogue was measured and removed (2026-12-06)");
-  constexpr bool kRope = kEpilogue == Epilogue::rope;
+                                                               std::uint16_t* __restrict__ y) {
   const int warp_in_block = static_cast<int>(threadIdx.x) / 32;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * (kWarps / kSplit) + warp_in_block / kSplit;
   const std::int64_t row0 = group * kRows;
   const bool active = row0 < N;  // an inactive group still reaches combine's barrier
-  rope_epilogue::Pair pair{};
-  rope_epilogue::Token tokens[kRope ? M : 1];
-  float rs0 = 0.0f, rs1 = 0.0f;  // rope: the pair's two weight scales, read before the stream
   const uint4* wr[kRows];
-  if constexpr (kRope) {
-    pair = rope_epilogue::pair_of(rope, active ? group : 0);
-    wr[0] = w + pair.row0 * chunks;
-    wr[1] = w + pair.row1 * chunks;
-  } else {
-    for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
-  }
+  for (int r = 0; r < kRows; ++r) wr[r] = w + (row0 + r < N ? row0 + r : row0) * chunks;  // a missing row re-reads row0
   gemv_split::begin();
-  if constexpr (kRope) {
-    if (active) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) tokens[m] = rope_epilogue::token_of(rope, pair, m);
-      rs0 = w_scale[pair.row0];
-      rs1 = w_scale[pair.row1];
-    }
-  }
 
   float acc[kRows][M];
   gemv_split::stream_rows<M, kRows, kUnroll, kSplit>(wr, x, chunks, active, acc,
                                                      [](const uint4& a, const uint4& b) { return dot16(a, b); });
   if (!gemv_split::combine<kSplit, kRows, M>(acc, active)) return;
-  if constexpr (kRope) {
 #pragma unroll
-    for (int m = 0; m < M; ++m)
-      rope_epilogue::write(rope, pair, tokens[m], m, N, gemv_split::to_bf16(acc[0][m] * (rs0 * x_scale[m])),
-                           gemv_split::to_bf16(acc[1][m] * (rs1 * x_scale[m])), y);
-  } else {
+  for (int r = 0; r < kRows; ++r) {
+    if (row0 + r >= N) break;
+    const float sw = w_scale[row0 + r];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (row0 + r >= N) break;
-      const float sw = w_scale[row0 + r];
-#pragma unroll
-      for (int m = 0; m < M; ++m) y[m * N + row0 + r] = gemv_split::to_bf16(acc[r][m] * (sw * x_scale[m]));
-    }
+    for (int m = 0; m < M; ++m) y[m * N + row0 + r] = gemv_split::to_bf16(acc[r][m] * (sw * x_scale[m]));
   }
 }
 
-template <int M, Epilogue kEpilogue>
+template <int M>
 void launch_m(int split, std::int64_t groups, const uint4* w, const float* sw, const uint4* x, const float* sx,
-              std::int64_t N, std::int64_t chunks, std::uint16_t* y, const RopeKvWrite& r, cudaStream_t s) {
+              std::int64_t N, std::int64_t chunks, std::uint16_t* y, cudaStream_t s) {
   const dim3 block(kWarps * 32);
   switch (split) {
-    case 1: gemv_split::launch(fp8_gemv_kernel<M, 1, kEpilogue>, gemv_split::grid_for(groups, 1), block, s, w, sw, x, sx, N, chunks, y, r); break;
-    case 2: gemv_split::launch(fp8_gemv_kernel<M, 2, kEpilogue>, gemv_split::grid_for(groups, 2), block, s, w, sw, x, sx, N, chunks, y, r); break;
-    default: gemv_split::launch(fp8_gemv_kernel<M, 4, kEpilogue>, gemv_split::grid_for(groups, 4), block, s, w, sw, x, sx, N, chunks, y, r); break;
+    case 1: gemv_split::launch(fp8_gemv_kernel<M, 1>, gemv_split::grid_for(groups, 1), block, s, w, sw, x, sx, N, chunks, y); break;
+    case 2: gemv_split::launch(fp8_gemv_kernel<M, 2>, gemv_split::grid_for(groups, 2), block, s, w, sw, x, sx, N, chunks, y); break;
+    default: gemv_split::launch(fp8_gemv_kernel<M, 4>, gemv_split::grid_for(groups, 4), block, s, w, sw, x, sx, N, chunks, y); break;
   }
 }
 
-/// The CUDA-core kernel for M rows (N: rows of W, rope.row_length() with rope).
-template <Epilogue kEpilogue>
+/// The CUDA-core kernel for M rows (N: rows of W).
 void launch_cuda_cores(const uint4* w4, const float* w_scale, const uint4* x4, const float* x_scale, int M,
-                       std::int64_t N, std::int64_t chunks, std::uint16_t* y, const RopeKvWrite& r, cudaStream_t s) {
+                       std::int64_t N, std::int64_t chunks, std::uint16_t* y, cudaStream_t s) {
   const std::int64_t groups = (N + kRows - 1) / kRows;
   const int split = gemv_split::split_for(groups, chunks, kUnroll);
   switch (M) {
-    case 1: launch_m<1, kEpilogue>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
-    case 2: launch_m<2, kEpilogue>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
-    case 3: launch_m<3, kEpilogue>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
-    case 4: launch_m<4, kEpilogue>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
-    case 5: launch_m<5, kEpilogue>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
-    case 6: launch_m<6, kEpilogue>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
-    case 7: launch_m<7, kEpilogue>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
-    default: launch_m<8, kEpilogue>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, r, s); break;
+    case 1: launch_m<1>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, s); break;
+    case 2: launch_m<2>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, s); break;
+    case 3: launch_m<3>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, s); break;
+    case 4: launch_m<4>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, s); break;
+    case 5: launch_m<5>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, s); break;
+    case 6: launch_m<6>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, s); break;
+    case 7: launch_m<7>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, s); break;
+    default: launch_m<8>(split, groups, w4, w_scale, x4, x_scale, N, chunks, y, s); break;
   }
 }
 
@@ -384,21 +353,10 @@ void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t*
     if ((N + tc_ring::kRows - 1) / tc_ring::kRows > 0x7fffffffLL) throw InvalidArgument(cat("cuda::fp8_gemv: N = ", N, " exceeds one grid"));
     launch_tensor_cores(w_q, w_scale, x_q, x_scale, M, N, K, y_bf16, s);
   } else {
-    launch_cuda_cores<Epilogue::store>(reinterpret_cast<const uint4*>(w_q), w_scale, reinterpret_cast<const uint4*>(x_q),
-                                       x_scale, M, N, K / 16, y_bf16, RopeKvWrite{}, s);
+    launch_cuda_cores(reinterpret_cast<const uint4*>(w_q), w_scale, reinterpret_cast<const uint4*>(x_q), x_scale, M, N,
+                      K / 16, y_bf16, s);
   }
   backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv: kernel launch");
-}
-
-void fp8_gemv_rope(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
-                   std::int64_t K, const RopeKvWrite& rope, std::uint16_t* y_bf16, void* stream) {
-  check_rope_kv_write(rope, "cuda::fp8_gemv_rope");
-  const std::int64_t N = rope.row_length();
-  check_gemv_args("cuda::fp8_gemv_rope", w_q, w_scale, x_q, x_scale, M, N, K, y_bf16);
-  if (N == 0) return;
-  launch_cuda_cores<Epilogue::rope>(reinterpret_cast<const uint4*>(w_q), w_scale, reinterpret_cast<const uint4*>(x_q), x_scale, M,
-                          N, K / 16, y_bf16, rope, static_cast<cudaStream_t>(stream));
-  backend::cuda::check(cudaGetLastError(), "cuda::fp8_gemv_rope: kernel launch");
 }
 
 Fp8GemvPath set_fp8_gemv_path(Fp8GemvPath path) {

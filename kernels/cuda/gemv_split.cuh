@@ -18,10 +18,9 @@
 
 namespace infer::kernels::cuda::gemv_split {
 
-/// What a GEMV does with its sums: store them, SwiGLU them (a row group owns gate row i and up row i of a
-/// stacked [gate; up] weight), or rotate and store them as RoPE and the KV-cache write would (a row group
-/// owns the two rows of a rotation pair: rope_epilogue.cuh).
-enum class Epilogue { store, swiglu, rope };
+/// What a GEMV does with its sums: store them, or SwiGLU them (a row group owns gate row i and up row i of a
+/// stacked [gate; up] weight).
+enum class Epilogue { store, swiglu };
 
 constexpr int kWarps = 4;     // warps per block
 constexpr int kMaxSplit = 4;  // warps per row group at most (kWarps / kSplit groups per block)

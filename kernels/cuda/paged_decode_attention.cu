@@ -11,7 +11,7 @@
 // Two permutations make every load 16 contiguous bytes (see load_k, load_v): the dims of each QK k-step
 // are permuted the same way for Q and K (a dot product does not care), and the head dims of Oᵀ are
 // permuted and undone when the result is written. The warps' partial states are merged through shared
-// memory; the splits of a sequence by the last of its blocks to finish (see below). Scores are kept in the
+// memory; the splits of a sequence by a second kernel (paged_decode_merge_kernel). Scores are kept in the
 // log2 domain (S is scaled by scale * log2 e in f32) so the softmax uses exp2.
 //
 // Why tensor cores for a bandwidth-bound kernel: the CUDA-core version it replaced reduced every score
@@ -24,30 +24,30 @@
 // greedy decoding against an f32 reference more often). The 8 extra mma per chunk and the registers
 // they hold cost a few percent: 3.81 TB/s with P in bf16 alone, 3.63-3.70 with both parts (H200).
 //
+// An FP8 cache (e4m3 codes, KvCacheDtype::fp8_e4m3): the same loads at half the bytes (8 of K per slice, D/8
+// of V per position), kept as codes in registers until the chunk is used, then widened to bf16 exactly: the
+// widening is kv_fp8.cuh's. K's scale is folded into
+// the softmax scale, V's applied to the output: the mma see the same values as a bf16 cache holding
+// code · scale, but for the scales' roundings.
+//
 // Splits: the grid has a fixed number of splits per sequence (chosen on the host from the shapes, so a
 // CUDA graph can replay it), but the positions of a split are computed on the device from the sequence's
 // actual length (split_length): a short context in a graph captured for long ones is still spread over
 // every split, instead of leaving all but the first split empty.
 //
-// Merging the splits (with StepFusion::merge; else a second kernel merges them, as before 2026-12-06): each
-// block writes its partial state (max, sum, accumulator) to the workspace, then
-// takes a ticket from its (sequence, head group)'s arrival counter; the block that arrives last combines
-// every split's state and writes the output, and sets the counter back to zero for the next call. This
-// replaced a second kernel launched per layer for the merge (5.4-5.9 µs alone at batch 1, ncu on the H200
-// and the H100), whose launch and drain a decode step paid 32 times. The counters sit at the front of the
-// workspace and must be zero before the first call (paged_decode_attention's contract); a call leaves them
-// zero. The merge (merge_splits) reads each split's partials through L2 with no load waiting on another.
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/attention.hpp"
 #include "infer/kernels/cuda/ops.hpp"
 #include "chained_launch.cuh"
+#include "kv_fp8.cuh"
 #include "mma_bf16.cuh"
 
 namespace infer::kernels::cuda {
@@ -73,8 +73,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct DecodeParams {
-  const std::uint16_t* k;
-  const std::uint16_t* v;
+  const void* k;  ///< bf16 bits, or e4m3 codes (kFp8)
+  const void* v;
   const std::int32_t* tables;
   const std::int32_t* lens;
   const std::uint16_t* q;
@@ -82,7 +82,6 @@ struct DecodeParams {
   std::uint16_t* out;
   float* ws_ml;   ///< [seq][head][split][2]: max (log2 domain), sum
   float* ws_acc;  ///< [seq][head][split][D]: unnormalized accumulator
-  unsigned* arrivals;  ///< [seq][kv head][head chunk]: blocks done with their split (zero between calls)
   int max_blocks;
   int block_shift;
   int kv_heads;
@@ -90,7 +89,8 @@ struct DecodeParams {
   int group;        ///< query heads per KV head
   int head_chunks;  ///< thread blocks per KV head along the group (group > kMaxGroup)
   int splits;
-  float scale_log2;
+  float scale_log2;  ///< scale · log2 e (· K's scale, kFp8)
+  float v_scale;     ///< V's scale (kFp8), else 1
 };
 
 /// The positions each split of a sequence of `len` covers: the context shared evenly by the splits, in
@@ -111,14 +111,39 @@ __device__ __forceinline__ uint4 load_nc(const uint4* p) {
                : "l"(p));
   return r;
 }
+__device__ __forceinline__ uint2 load_nc(const uint2* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
 
-/// The fragments one lane holds of a chunk's K rows and V rows (D = head dim).
-template <int D>
+/// The fragments one lane holds of a chunk's K rows and V rows (D = head dim), as loaded: bf16 values, or
+/// (kFp8) e4m3 codes, widened to bf16 by k_bf16 / v_bf16 when the chunk is used.
+template <int D, bool kFp8>
 struct ChunkRegs {
-  static constexpr int kSlices = D / 32;  ///< 16-byte K loads per position: 2 QK k-steps each
-  static constexpr int kVLoads = D / 64;  ///< 16-byte V loads per position: D/8 contiguous dims
-  uint4 k[2][kSlices];                    ///< K rows g and g + 8 of the chunk
-  uint4 v[4][kVLoads];                    ///< V rows 2t, 2t + 1, 2t + 8, 2t + 9
+  static constexpr int kSlices = D / 32;  ///< K loads per position (16 bytes, FP8 8): 2 QK k-steps each
+  static constexpr int kVLoads = D / 64;  ///< 16-byte bf16 V loads per position: D/8 contiguous dims
+  static constexpr int kVCodeWords = D / 32;  ///< FP8: words of a position's D/8 codes of V
+  using KLoad = std::conditional_t<kFp8, uint2, uint4>;
+  KLoad k[2][kSlices];  ///< K rows g and g + 8 of the chunk
+  std::conditional_t<kFp8, std::uint32_t[4][kVCodeWords], uint4[4][kVLoads]> v;  ///< V rows 2t, 2t+1, 2t+8, 2t+9
+
+  __device__ __forceinline__ uint4 k_bf16(int h, int c) const {
+    if constexpr (kFp8) return kv_fp8::widen8(k[h][c]);
+    else return k[h][c];
+  }
+  /// V row i's D/8 values as bf16 (kVLoads 16-byte pieces).
+  __device__ __forceinline__ void v_bf16(int i, uint4 (&out)[kVLoads]) const {
+#pragma unroll
+    for (int c = 0; c < kVLoads; ++c) {
+      if constexpr (kFp8) {
+        out[c] = make_uint4(kv_fp8::widen2(v[i][2 * c], 0), kv_fp8::widen2(v[i][2 * c], 2),
+                            kv_fp8::widen2(v[i][2 * c + 1], 0), kv_fp8::widen2(v[i][2 * c + 1], 2));
+      } else {
+        out[c] = v[i][c];
+      }
+    }
+  }
 };
 
 constexpr std::uint32_t kNoRow = 0xffffffffu;
@@ -143,29 +168,47 @@ struct ChunkRows {
 /// K for S = Q·Kᵀ: B fragment of k-step s holds K[pos g][logical dims 2t, 2t+1] (b0) and [2t+8, 2t+9] (b1).
 /// Logical dims of k-step 2c + s are mapped to physical dims c*32 + t*8 + 4s + {0, 1, 2, 3}, so lane (g, t)
 /// loads the 16 bytes K[pos][c*32 + t*8 .. +8] and the words are b0, b1 of k-step 2c and of 2c + 1.
-template <int D>
-__device__ __forceinline__ void load_k(const uint4* k, const ChunkRows& rows, int base, int g, int t, ChunkRegs<D>& r) {
+/// FP8: the same dims' 8 codes, 8 bytes at byte c*32 + t*8 of the row (rows are D bytes: whole 16-byte units).
+template <int D, bool kFp8>
+__device__ __forceinline__ void load_k(const void* k, const ChunkRows& rows, int base, int g, int t, ChunkRegs<D, kFp8>& r) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const std::uint32_t off = rows.offset(base + h * 8 + g);
 #pragma unroll
-    for (int c = 0; c < ChunkRegs<D>::kSlices; ++c)
-      r.k[h][c] = off == kNoRow ? make_uint4(0, 0, 0, 0) : load_nc(k + off + c * 4 + t);
+    for (int c = 0; c < ChunkRegs<D, kFp8>::kSlices; ++c) {
+      if constexpr (kFp8)
+        r.k[h][c] = off == kNoRow ? make_uint2(0, 0) : load_nc(static_cast<const uint2*>(k) + 2 * off + c * 4 + t);
+      else
+        r.k[h][c] = off == kNoRow ? make_uint4(0, 0, 0, 0) : load_nc(static_cast<const uint4*>(k) + off + c * 4 + t);
+    }
   }
 }
 
 /// V for Oᵀ = Vᵀ·Pᵀ: A fragment of m-tile j holds Vᵀ[rows g, g+8][positions 2t.., 2t+8..]. Row r of m-tile j is
 /// mapped to physical dim g*(D/8) + j (r = g) or g*(D/8) + D/16 + j (r = g + 8), so lane (g, t) needs dims
-/// g*(D/8) .. +D/8 of its four positions: D/64 16-byte loads each.
-template <int D>
-__device__ __forceinline__ void load_v(const uint4* v, const ChunkRows& rows, int base, int g, int t, ChunkRegs<D>& r) {
+/// g*(D/8) .. +D/8 of its four positions: D/64 16-byte loads each (FP8: those D/8 codes, one 16- or 8-byte load).
+template <int D, bool kFp8>
+__device__ __forceinline__ void load_v(const void* v, const ChunkRows& rows, int base, int g, int t, ChunkRegs<D, kFp8>& r) {
   constexpr int kPos[4] = {0, 1, 8, 9};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const std::uint32_t off = rows.offset(base + 2 * t + kPos[i]);
+    if constexpr (kFp8 && D == 128) {
+      const uint4 c = off == kNoRow ? make_uint4(0, 0, 0, 0) : load_nc(static_cast<const uint4*>(v) + off + g);
+      r.v[i][0] = c.x;
+      r.v[i][1] = c.y;
+      r.v[i][2] = c.z;
+      r.v[i][3] = c.w;
+    } else if constexpr (kFp8) {
+      static_assert(D == 64);
+      const uint2 c = off == kNoRow ? make_uint2(0, 0) : load_nc(static_cast<const uint2*>(v) + 2 * off + g);
+      r.v[i][0] = c.x;
+      r.v[i][1] = c.y;
+    } else {
 #pragma unroll
-    for (int c = 0; c < ChunkRegs<D>::kVLoads; ++c)
-      r.v[i][c] = off == kNoRow ? make_uint4(0, 0, 0, 0) : load_nc(v + off + g * (D / 64) + c);
+      for (int c = 0; c < ChunkRegs<D, kFp8>::kVLoads; ++c)
+        r.v[i][c] = off == kNoRow ? make_uint4(0, 0, 0, 0) : load_nc(static_cast<const uint4*>(v) + off + g * (D / 64) + c);
+    }
   }
 }
 
@@ -181,17 +224,14 @@ __device__ __forceinline__ std::uint32_t pair(const uint4* a, const uint4* b, in
   return __byte_perm(word(a, e / 2), word(b, e / 2), (e & 1) == 0 ? 0x5410 : 0x7632);
 }
 
-template <int D>
-__device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int h0, int nh, int len, int split_len,
-                                             float* weights, float* sums);
-
-template <int D>
+template <int D, bool kFp8>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel(const DecodeParams p) {
-  static_assert(kWarps * D >= kMaxSplits, "merge_splits keeps its weights in sm_acc");
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   constexpr int kKSteps = D / 16;   // QK k-steps
   constexpr int kMTiles = D / 16;   // Oᵀ m-tiles
-  constexpr int kSlices = ChunkRegs<D>::kSlices;
+  using Regs = ChunkRegs<D, kFp8>;
+  constexpr int kSlices = Regs::kSlices;
+  constexpr int kRowUnits = kFp8 ? D / 16 : D / 8;  // 16-byte units of one head's row
 
   __shared__ std::int32_t sm_table[kTableWindow];
   __shared__ float sm_m[kWarps][kMaxGroup];
@@ -242,8 +282,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
   for (int j = 0; j < kMTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
   const int block_mask = (1 << p.block_shift) - 1;
-  const auto* kv_k = reinterpret_cast<const uint4*>(p.k);
-  const auto* kv_v = reinterpret_cast<const uint4*>(p.v);
+  const void* kv_k = p.k;
+  const void* kv_v = p.v;
   const std::int32_t* table = p.tables + static_cast<std::size_t>(seq) * p.max_blocks;
   const int window = (kTableWindow - 1) << p.block_shift;  // positions whose blocks fit, at any alignment
   for (int wbeg = begin; wbeg < end; wbeg += window) {
@@ -254,11 +294,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
     for (int i = static_cast<int>(threadIdx.x); i < nblocks; i += kThreads) sm_table[i] = __ldg(table + first_block + i);
     __syncthreads();
     const ChunkRows rows{sm_table, first_block, p.block_shift, block_mask, wend,
-                         static_cast<std::uint32_t>(p.kv_heads * (D / 8)), static_cast<std::uint32_t>(kvh * (D / 8))};
+                         static_cast<std::uint32_t>(p.kv_heads * kRowUnits), static_cast<std::uint32_t>(kvh * kRowUnits)};
 
     int base = wbeg + warp * kChunk;
     if (base >= wend) continue;
-    ChunkRegs<D> cur;
+    Regs cur;
     load_k<D>(kv_k, rows, base, g, t, cur);
     load_v<D>(kv_v, rows, base, g, t, cur);
     for (; base < wend; base += kWarps * kChunk) {
@@ -270,10 +310,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
         s[h][0] = s[h][1] = s[h][2] = s[h][3] = 0.0f;
 #pragma unroll
         for (int c = 0; c < kSlices; ++c) {
+          const uint4 kb = cur.k_bf16(h, c);
           const std::uint32_t a0[4] = {qa[2 * c][0], 0u, qa[2 * c][1], 0u};
-          mma_m16n8k16_bf16(s[h], a0, cur.k[h][c].x, cur.k[h][c].y);
+          mma_m16n8k16_bf16(s[h], a0, kb.x, kb.y);
           const std::uint32_t a1[4] = {qa[2 * c + 1][0], 0u, qa[2 * c + 1][1], 0u};
-          mma_m16n8k16_bf16(s[h], a1, cur.k[h][c].z, cur.k[h][c].w);
+          mma_m16n8k16_bf16(s[h], a1, kb.z, kb.w);
         }
       }
       if (next < wend) load_k<D>(kv_k, rows, next, g, t, cur);  // K's registers are free again
@@ -312,10 +353,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
       const std::uint32_t hi0 = pack_bf16x2(pr[0], pr[1]), hi1 = pack_bf16x2(pr[2], pr[3]);
       const std::uint32_t lo0 = pack_bf16x2(pr[0] - lo_bf16(hi0), pr[1] - hi_bf16(hi0));
       const std::uint32_t lo1 = pack_bf16x2(pr[2] - lo_bf16(hi1), pr[3] - hi_bf16(hi1));
+      uint4 vb[4][Regs::kVLoads];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cur.v_bf16(i, vb[i]);
 #pragma unroll
       for (int j = 0; j < kMTiles; ++j) {
-        const std::uint32_t va[4] = {pair(cur.v[0], cur.v[1], j), pair(cur.v[0], cur.v[1], kMTiles + j),
-                                     pair(cur.v[2], cur.v[3], j), pair(cur.v[2], cur.v[3], kMTiles + j)};
+        const std::uint32_t va[4] = {pair(vb[0], vb[1], j), pair(vb[0], vb[1], kMTiles + j),
+                                     pair(vb[2], vb[3], j), pair(vb[2], vb[3], kMTiles + j)};
         mma_m16n8k16_bf16(o[j], va, hi0, hi1);
         mma_m16n8k16_bf16(o[j], va, lo0, lo1);
       }
@@ -355,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
     }
     const std::size_t head = static_cast<std::size_t>(seq) * p.num_heads + h0 + hh;
     if (p.splits == 1) {
-      p.out[head * D + d] = f32_to_bf16(sum > 0.0f ? a / sum : 0.0f);
+      p.out[head * D + d] = f32_to_bf16(sum > 0.0f ? a / sum * p.v_scale : 0.0f);
     } else {
       const std::size_t slot = head * p.splits + split;
       p.ws_acc[slot * D + d] = a;
@@ -365,78 +409,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
       }
     }
   }
-  if (p.splits == 1 || p.arrivals == nullptr) return;  // no split, or paged_decode_merge_kernel merges them
-
-  // The last block of this (sequence, head group) to get here merges every split (see the top of the file).
-  __shared__ bool sm_last;
-  __threadfence();  // this thread's partials are visible device-wide before the block's ticket is taken
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned* arrivals = p.arrivals + static_cast<std::size_t>(seq) * gridDim.y + blockIdx.y;
-    sm_last = atomicAdd(arrivals, 1u) == static_cast<unsigned>(p.splits) - 1u;
-    if (sm_last) *arrivals = 0u;  // every split has arrived: ready for the next call
-  }
-  __syncthreads();
-  if (!sm_last) return;
-  __threadfence();
-  merge_splits<D>(p, seq, h0, nh, len, split_len, &sm_acc[0][0][0], &sm_l[0][0]);
 }
 
-/// The last block's merge of the splits of heads h0 .. h0 + nh - 1 of sequence `seq`. The partials were
-/// written by other blocks of this launch: read through L2 (__ldcg), never a stale L1 line. Two passes, so
-/// that the long one has no dependent loads: warp w finds the max and the weights 2^(m_s - max) of heads w,
-/// w + kWarps, ... (its lanes take interleaved splits; the sum of l_s · w_s is reduced by shuffles in a fixed
-/// order) into shared memory; then each thread adds up its outputs' accumulators over the splits in split
-/// order, every load independent of the others. `weights` holds kMaxGroup x kMaxSplits floats (the block's
-/// own accumulator staging, free by now), `sums` kMaxGroup.
-template <int D>
-__device__ __forceinline__ void merge_splits(const DecodeParams& p, int seq, int h0, int nh, int len, int split_len,
-                                             float* weights, float* sums) {
-  const int used = len <= 0 ? 0 : min(p.splits, (len + split_len - 1) / split_len);  // splits that hold positions
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const std::size_t head0 = static_cast<std::size_t>(seq) * p.num_heads + h0;
-  __syncthreads();  // every warp is done with the staging area
-  for (int hh = warp; hh < nh; hh += kWarps) {
-    const float* ml = p.ws_ml + (head0 + hh) * p.splits * 2;
-    float mx = kNegInf;
-    for (int s = lane; s < used; s += 32) mx = fmaxf(mx, __ldcg(ml + 2 * s));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.0f;
-    for (int s = lane; s < used; s += 32) {
-      const float ms = __ldcg(ml + 2 * s);
-      const float w = ms == kNegInf ? 0.0f : exp2f(ms - mx);
-      weights[hh * kMaxSplits + s] = w;
-      sum = fmaf(__ldcg(ml + 2 * s + 1), w, sum);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) sums[hh] = sum;
-  }
-  __syncthreads();
-  constexpr int kItems = kMaxGroup * D / kThreads;  // outputs per thread at most
-  float a[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) a[k] = 0.0f;
-  const float* acc = p.ws_acc + head0 * p.splits * D;
-#pragma unroll 4
-  for (int s = 0; s < used; ++s) {
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int idx = static_cast<int>(threadIdx.x) + k * kThreads, hh = idx / D, d = idx % D;
-      if (hh < nh)
-        a[k] = fmaf(__ldcg(acc + (static_cast<std::size_t>(hh) * p.splits + s) * D + d), weights[hh * kMaxSplits + s], a[k]);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int idx = static_cast<int>(threadIdx.x) + k * kThreads, hh = idx / D, d = idx % D;
-    if (hh < nh) p.out[(head0 + hh) * D + d] = f32_to_bf16(sums[hh] > 0.0f ? a[k] / sums[hh] : 0.0f);
-  }
-}
-
-/// The separate merge of the splits (StepFusion::merge off): one block per (head, sequence), one thread per
-/// dim, each a loop of dependent loads over the splits that hold positions.
+/// The merge of the splits: one block per (head, sequence), one thread per dim, each a loop over the splits
+/// that hold positions. (Merging in the last block of each sequence's splits, found by arrival counters,
+/// measured 1-2% slower at batch 1 and was removed.)
 template <int D>
 __global__ void __launch_bounds__(D) paged_decode_merge_kernel(const DecodeParams p) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
@@ -458,7 +435,7 @@ __global__ void __launch_bounds__(D) paged_decode_merge_kernel(const DecodeParam
     sum = fmaf(ml[2 * s + 1], w, sum);
     a = fmaf(acc[static_cast<std::size_t>(s) * D + d], w, a);
   }
-  p.out[head * D + d] = f32_to_bf16(sum > 0.0f ? a / sum : 0.0f);
+  p.out[head * D + d] = f32_to_bf16(sum > 0.0f ? a / sum * p.v_scale : 0.0f);
 }
 
 int sm_count() {
@@ -492,18 +469,23 @@ void check(const PagedKvBatch& b, int num_heads) {
   if (static_cast<std::int64_t>(b.max_blocks_per_seq) * b.block_size > (std::int64_t{1} << 30))
     throw InvalidArgument(cat("cuda::paged_decode_attention: ", b.max_blocks_per_seq, " blocks of ", b.block_size,
                               " tokens exceed the 2^30 positions a sequence may have"));
+  if (b.kv_dtype == KvCacheDtype::fp8_e4m3 && !(b.k_scale > 0.0f && b.v_scale > 0.0f && b.k_scale < 3.0e38f &&
+                                                 b.v_scale < 3.0e38f))
+    throw InvalidArgument(cat("cuda::paged_decode_attention: FP8 cache scales ", b.k_scale, ", ", b.v_scale,
+                              " must be positive and finite"));
   const int chunks = (num_heads / b.num_kv_heads + kMaxGroup - 1) / kMaxGroup;
   if (static_cast<std::int64_t>(b.num_kv_heads) * chunks > 65535)
     throw InvalidArgument(cat("cuda::paged_decode_attention: ", num_heads, " heads are too many"));
 }
 
-/// Resident blocks per SM of one kernel instance (register use differs by D); cached per instance, so this
-/// assumes one kind of GPU per process.
+/// Resident blocks per SM of one kernel instance (register use differs by D; the bf16 instance's count plans
+/// for the FP8 one too, so a shape's splits and workspace do not depend on the cache's type); cached per
+/// instance, so this assumes one kind of GPU per process.
 template <int D>
 int blocks_per_sm() {
   static const int n = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, paged_decode_kernel<D>, kThreads, 0) != cudaSuccess || b <= 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, paged_decode_kernel<D, false>, kThreads, 0) != cudaSuccess || b <= 0) {
       (void)cudaGetLastError();
       b = 2;
     }
@@ -544,30 +526,26 @@ int plan_splits(const PagedKvBatch& b, int num_heads) {
   return static_cast<int>(splits);
 }
 
-template <int D>
+template <int D, bool kFp8>
 void launch(const DecodeParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(p.kv_heads * p.head_chunks),
                   static_cast<unsigned>(num_seqs));
-  chained::launch(paged_decode_kernel<D>, grid, kThreads, 0, stream, p);
-  if (p.splits > 1 && p.arrivals == nullptr)
+  chained::launch(paged_decode_kernel<D, kFp8>, grid, kThreads, 0, stream, p);
+  if (p.splits > 1)
     chained::launch(paged_decode_merge_kernel<D>,
                     dim3(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs)), D, 0, stream, p);
 }
 
-/// The workspace of a split shape: the arrival counters first, then the partials. The counters' region has
-/// the same size for every shape of one head_dim on one GPU (a context splits only while its thread blocks
-/// number fewer than two waves, so that many counters always suffice): the partials of one call then never
-/// land on the counters of another, whatever their batch sizes, and the counters stay zero between calls.
+/// The workspace of a split shape: each split's (max, sum), then its accumulator.
 struct WorkspaceLayout {
-  std::size_t counters, ml_floats, acc_floats;
+  std::size_t ml_floats, acc_floats;
   WorkspaceLayout(const PagedKvBatch& b, int num_heads, int splits) {
-    const auto seqs = static_cast<std::size_t>(b.num_seqs);
-    counters = (2 * static_cast<std::size_t>(resident_blocks(b.head_dim)) + 3) / 4 * 4;
-    ml_floats = seqs * static_cast<std::size_t>(num_heads) * static_cast<std::size_t>(splits) * 2;
-    acc_floats = seqs * static_cast<std::size_t>(num_heads) * static_cast<std::size_t>(splits) *
-                 static_cast<std::size_t>(b.head_dim);
+    const auto per_split = static_cast<std::size_t>(b.num_seqs) * static_cast<std::size_t>(num_heads) *
+                           static_cast<std::size_t>(splits);
+    ml_floats = per_split * 2;
+    acc_floats = per_split * static_cast<std::size_t>(b.head_dim);
   }
-  [[nodiscard]] std::size_t bytes() const { return (counters + ml_floats + acc_floats) * sizeof(float); }
+  [[nodiscard]] std::size_t bytes() const { return (ml_floats + acc_floats) * sizeof(float); }
 };
 
 }  // namespace
@@ -584,18 +562,12 @@ std::size_t paged_decode_workspace_bytes(const PagedKvBatch& batch, int num_head
   return WorkspaceLayout(batch, num_heads, splits).bytes();
 }
 
-std::size_t paged_decode_workspace_zeroed_bytes(const PagedKvBatch& batch, int num_heads) {
-  check(batch, num_heads);
-  const int splits = plan_splits(batch, num_heads);
-  if (splits <= 1) return 0;
-  return WorkspaceLayout(batch, num_heads, splits).counters * sizeof(unsigned);
-}
-
 void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, int num_heads, float scale,
                             std::uint16_t* out, float* workspace, std::size_t workspace_bytes, void* stream,
                             std::int64_t q_row_stride) {
   using infer::detail::cat;
   check(batch, num_heads);
+  const bool fp8 = batch.kv_dtype == KvCacheDtype::fp8_e4m3;
   const std::int64_t dense = static_cast<std::int64_t>(num_heads) * batch.head_dim;
   if (q_row_stride != 0 && (q_row_stride < dense || q_row_stride % 8 != 0))
     throw InvalidArgument(cat("cuda::paged_decode_attention: q_row_stride = ", q_row_stride, " must be 0 or a multiple",
@@ -631,15 +603,7 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
   p.out = out;
   if (splits > 1) {
     const WorkspaceLayout ws(batch, num_heads, splits);
-    // plan_splits splits only grids of fewer than two waves of blocks (a counter each along x = 1).
-    const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
-    if (static_cast<std::size_t>(batch.num_seqs) * static_cast<std::size_t>(batch.num_kv_heads * chunks) > ws.counters)
-      throw DeviceError(cat("cuda::paged_decode_attention: ", batch.num_seqs, " sequences of ", batch.num_kv_heads,
-                              " KV heads split ", splits, " ways need more arrival counters than the ", ws.counters,
-                              " the workspace holds"));
-    // Merged by the last block of each sequence's splits, or by a second kernel (StepFusion::merge).
-    p.arrivals = step_fusion(StepFusion::merge) ? reinterpret_cast<unsigned*>(workspace) : nullptr;
-    p.ws_ml = workspace + ws.counters;
+    p.ws_ml = workspace;
     p.ws_acc = p.ws_ml + ws.ml_floats;
   }
   p.max_blocks = batch.max_blocks_per_seq;
@@ -651,11 +615,12 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
   p.group = group;
   p.head_chunks = (group + kMaxGroup - 1) / kMaxGroup;
   p.splits = splits;
-  p.scale_log2 = scale * kLog2e;
+  p.scale_log2 = scale * kLog2e * (fp8 ? batch.k_scale : 1.0f);
+  p.v_scale = fp8 ? batch.v_scale : 1.0f;
 
   auto s = static_cast<cudaStream_t>(stream);
-  if (batch.head_dim == 64) launch<64>(p, batch.num_seqs, s);
-  else launch<128>(p, batch.num_seqs, s);
+  if (batch.head_dim == 64) fp8 ? launch<64, true>(p, batch.num_seqs, s) : launch<64, false>(p, batch.num_seqs, s);
+  else fp8 ? launch<128, true>(p, batch.num_seqs, s) : launch<128, false>(p, batch.num_seqs, s);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
     throw DeviceError(cat("cuda::paged_decode_attention(", batch.num_seqs, " sequences, ", num_heads, "/",

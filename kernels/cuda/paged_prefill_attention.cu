@@ -19,6 +19,11 @@
 //  - the CUDA-core kernel it replaced (f32 throughout; set_paged_prefill_path(PrefillPath::cuda_cores) or
 //    INFER_PREFILL_ATTENTION=cuda_cores), one thread block = one sequence x one query head x 32 queries.
 //
+// An FP8 cache (e4m3 codes, KvCacheDtype::fp8_e4m3): both kernels widen the codes to bf16 exactly
+// (kv_fp8.cuh), K's scale folded into the softmax scale and V's applied to the output. The tensor-core
+// kernel copies a tile's codes (D bytes a row) into the upper half of its padded bf16 rows, then each thread
+// widens the codes it copied into the row's bf16 half: two more barriers per tile, no more shared memory.
+//
 // Both read only cache rows at positions <= the chunk's last position, so unwritten rows are never touched,
 // and size their grids from max_blocks_per_seq * block_size (the lengths stay on the device): thread blocks
 // past their chunk exit at once.
@@ -34,6 +39,7 @@
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/attention.hpp"
+#include "kv_fp8.cuh"
 #include "mma_bf16.cuh"
 
 namespace infer::kernels::cuda {
@@ -46,8 +52,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct PrefillParams {
-  const std::uint16_t* k;
-  const std::uint16_t* v;
+  const void* k;  ///< bf16 bits, or e4m3 codes (kFp8)
+  const void* v;
   const std::int32_t* tables;
   const std::int32_t* q_indptr;
   const std::int32_t* q_start;
@@ -59,7 +65,8 @@ struct PrefillParams {
   int kv_heads;
   int num_heads;
   int group;
-  float scale_log2;
+  float scale_log2;  ///< scale · log2 e (· K's scale, kFp8)
+  float v_scale;     ///< V's scale (kFp8), else 1
 };
 
 // ---- CUDA-core kernel (the fallback) ------------------------------------------------------------------
@@ -80,7 +87,7 @@ __device__ __forceinline__ void unpack8_to(const uint4& r, float* f, float mul) 
   f[7] = __uint_as_float(r.w & 0xffff0000u) * mul;
 }
 
-template <int D>
+template <int D, bool kFp8>
 __global__ void __launch_bounds__(kThreads) paged_prefill_cuda_core_kernel(const PrefillParams p) {
   constexpr int BQ = kTileQ;
   constexpr int BK = D == 64 ? 32 : 16;  // keeps the four tiles under 48 KB of static shared memory
@@ -139,9 +146,14 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_cuda_core_kernel(const
         if (kp <= last) {
           const auto blk = static_cast<std::size_t>(__ldg(table + (kp >> p.block_shift)));
           const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kp & block_mask);
-          const std::size_t off = (row * p.kv_heads + kvh) * D + c * 8;
-          unpack8_to(__ldg(reinterpret_cast<const uint4*>(p.k + off)), kf, 1.0f);
-          unpack8_to(__ldg(reinterpret_cast<const uint4*>(p.v + off)), vf, 1.0f);
+          const std::size_t off = (row * p.kv_heads + kvh) * D + c * 8;  // values
+          if constexpr (kFp8) {
+            unpack8_to(kv_fp8::widen8(__ldg(reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p.k) + off))), kf, 1.0f);
+            unpack8_to(kv_fp8::widen8(__ldg(reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p.v) + off))), vf, 1.0f);
+          } else {
+            unpack8_to(__ldg(reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p.k) + off)), kf, 1.0f);
+            unpack8_to(__ldg(reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p.v) + off)), vf, 1.0f);
+          }
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -193,7 +205,7 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_cuda_core_kernel(const
     }
 
     if (row_valid) {
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float inv = l > 0.0f ? 1.0f / l * p.v_scale : 0.0f;
       std::uint16_t* dst = p.out + (static_cast<std::size_t>(q_begin + q0 + i) * p.num_heads + h) * D;
 #pragma unroll
       for (int d = 0; d < DPT; ++d) dst[kq + 4 * d] = f32_to_bf16(o[d] * inv);
@@ -232,7 +244,7 @@ __device__ __forceinline__ std::uint32_t tile_off(int r, int c) {
   return static_cast<std::uint32_t>(r * (D * 2 + 16) + c * 16);
 }
 
-template <int D, int MT>
+template <int D, int MT, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const PrefillParams p) {
   using T = TcTile<D, MT>;
   using detail::cp_async_16;
@@ -250,6 +262,11 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
   constexpr int KS = D / 16;   // k16 steps of Q·Kᵀ
   constexpr int KV_PER_THREAD = BK * NC / kThreads;
   constexpr int KV_ROW_STEP = kThreads / NC;
+  // FP8: 16-byte chunks of codes per row, and each thread's share of a tile's.
+  constexpr int NC8 = D / 16;
+  constexpr int KV8_PER_THREAD = BK * NC8 / kThreads;
+  constexpr int KV8_ROW_STEP = kThreads / NC8;
+  static_assert((BK * NC8) % kThreads == 0 && kThreads % NC8 == 0, "FP8 K/V tile copy mapping");
 
   extern __shared__ __align__(128) unsigned char smem[];
   const std::uint32_t sq = detail::smem_u32(smem);
@@ -298,7 +315,26 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
     // K/V tile `t` -> stage `st` (only called with last >= 0). Each thread copies the same chunk column of
     // KV_PER_THREAD rows. Positions past `last` are zero-filled (their scores are masked, and 0·0 adds
     // nothing to O): branch-free, their address is that of position `last`, and nothing is read from it.
+    // FP8: chunk c of a row's codes lands in the row's upper half (bytes D + 16 + 16c: the row is D·2 + 16
+    // bytes), widened into the bf16 half by widen_kv.
     const auto load_kv = [&](int t, int st) {
+      if constexpr (kFp8) {
+        const int c = tid % NC8;
+#pragma unroll
+        for (int i = 0; i < KV8_PER_THREAD; ++i) {
+          const int r = tid / NC8 + i * KV8_ROW_STEP;
+          const int kp = t * BK + r;
+          const bool ok = kp <= last;
+          const int kc = min(kp, last);
+          const auto blk = static_cast<std::size_t>(__ldg(table + (kc >> p.block_shift)));
+          const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kc & block_mask);
+          const std::size_t off = (row * static_cast<std::size_t>(p.kv_heads) + static_cast<std::size_t>(kvh)) * D + c * 16;
+          const std::uint32_t so = static_cast<std::uint32_t>(st * T::kKvTileBytes + r * (D * 2 + 16) + D + 16 + c * 16);
+          cp_async_16(sk + so, static_cast<const std::uint8_t*>(p.k) + off, ok);
+          cp_async_16(sv + so, static_cast<const std::uint8_t*>(p.v) + off, ok);
+        }
+        return;
+      }
       const int c = tid % NC;
 #pragma unroll
       for (int i = 0; i < KV_PER_THREAD; ++i) {
@@ -310,9 +346,35 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
         const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kc & block_mask);
         const std::size_t off = (row * static_cast<std::size_t>(p.kv_heads) + static_cast<std::size_t>(kvh)) * D + c * 8;
         const std::uint32_t so = static_cast<std::uint32_t>(st * T::kKvTileBytes) + tile_off<D>(r, c);
-        cp_async_16(sk + so, p.k + off, ok);
-        cp_async_16(sv + so, p.v + off, ok);
+        cp_async_16(sk + so, static_cast<const std::uint16_t*>(p.k) + off, ok);
+        cp_async_16(sv + so, static_cast<const std::uint16_t*>(p.v) + off, ok);
       }
+    };
+    // FP8: stage `st`'s codes -> its bf16 rows. Each thread widens the chunks it copied itself (complete after
+    // its cp_async_wait); the barrier between the reads and the writes is there because a row's bf16 half
+    // overlaps other threads' codes.
+    const auto widen_kv = [&](int st) {
+      const int c = tid % NC8;
+      uint4 kc[KV8_PER_THREAD], vc[KV8_PER_THREAD];
+#pragma unroll
+      for (int i = 0; i < KV8_PER_THREAD; ++i) {
+        const int r = tid / NC8 + i * KV8_ROW_STEP;
+        const int so = st * T::kKvTileBytes + r * (D * 2 + 16) + D + 16 + c * 16;
+        kc[i] = *reinterpret_cast<const uint4*>(smem + T::kQBytes + so);
+        vc[i] = *reinterpret_cast<const uint4*>(smem + T::kQBytes + T::kStages * T::kKvTileBytes + so);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < KV8_PER_THREAD; ++i) {
+        const int r = tid / NC8 + i * KV8_ROW_STEP;
+        unsigned char* kd = smem + T::kQBytes + st * T::kKvTileBytes + tile_off<D>(r, 2 * c);
+        unsigned char* vd = kd + T::kStages * T::kKvTileBytes;
+        *reinterpret_cast<uint4*>(kd) = kv_fp8::widen8(make_uint2(kc[i].x, kc[i].y));
+        *reinterpret_cast<uint4*>(kd + 16) = kv_fp8::widen8(make_uint2(kc[i].z, kc[i].w));
+        *reinterpret_cast<uint4*>(vd) = kv_fp8::widen8(make_uint2(vc[i].x, vc[i].y));
+        *reinterpret_cast<uint4*>(vd + 16) = kv_fp8::widen8(make_uint2(vc[i].z, vc[i].w));
+      }
+      __syncthreads();
     };
     if (n_tiles > 0) load_kv(0, 0);
     detail::cp_async_commit();
@@ -354,6 +416,7 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
       __syncthreads();
       if (t + 1 < n_tiles) load_kv(t + 1, st ^ 1);
       detail::cp_async_commit();
+      if constexpr (kFp8) widen_kv(st);
 
       const int kv0 = t * BK;
       if (kv0 <= warp_last) {  // warp-uniform
@@ -487,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
         float sum = l[mt][hh];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const float inv = sum > 0.0f ? 1.0f / sum * p.v_scale : 0.0f;
         const int r = wr0 + mt * 16 + g + hh * 8;
 #pragma unroll
         for (int j = 0; j < DT; ++j)
@@ -528,14 +591,14 @@ PrefillPath resolve_path() {
 }
 
 /// Opts a kernel instance into its dynamic shared memory (> 48 KB) once per device.
-template <int D, int MT>
+template <int D, int MT, bool kFp8>
 cudaError_t prepare_tc_kernel() {
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> done[kMaxDevices] = {};
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   if (dev >= 0 && dev < kMaxDevices && done[dev].load(std::memory_order_acquire)) return cudaSuccess;
-  const auto kernel = paged_prefill_tc_kernel<D, MT>;
+  const auto kernel = paged_prefill_tc_kernel<D, MT, kFp8>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            TcTile<D, MT>::kSmemBytes);
       e != cudaSuccess)
@@ -549,24 +612,25 @@ cudaError_t prepare_tc_kernel() {
   return cudaSuccess;
 }
 
-template <int D, int MT>
+template <int D, int MT, bool kFp8>
 cudaError_t launch_tc(const PrefillParams& p, int num_seqs, std::int64_t cap, cudaStream_t stream) {
   using T = TcTile<D, MT>;
-  if (cudaError_t e = prepare_tc_kernel<D, MT>(); e != cudaSuccess) return e;
+  if (cudaError_t e = prepare_tc_kernel<D, MT, kFp8>(); e != cudaSuccess) return e;
   std::int64_t tiles = (cap + T::kBQ - 1) / T::kBQ;
   if (tiles > kMaxGridX) tiles = kMaxGridX;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs), static_cast<unsigned>(tiles));
-  paged_prefill_tc_kernel<D, MT><<<grid, kThreads, T::kSmemBytes, stream>>>(p);
+  paged_prefill_tc_kernel<D, MT, kFp8><<<grid, kThreads, T::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
+template <bool kFp8>
 cudaError_t launch_cuda_cores(const PrefillParams& p, int head_dim, int num_seqs, std::int64_t cap,
                               cudaStream_t stream) {
   std::int64_t tiles = (cap + kTileQ - 1) / kTileQ;
   if (tiles > kMaxGridX) tiles = kMaxGridX;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs));
-  if (head_dim == 64) paged_prefill_cuda_core_kernel<64><<<grid, kThreads, 0, stream>>>(p);
-  else paged_prefill_cuda_core_kernel<128><<<grid, kThreads, 0, stream>>>(p);
+  if (head_dim == 64) paged_prefill_cuda_core_kernel<64, kFp8><<<grid, kThreads, 0, stream>>>(p);
+  else paged_prefill_cuda_core_kernel<128, kFp8><<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -603,6 +667,10 @@ void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, 
   if (b.max_blocks_per_seq <= 0 || static_cast<std::int64_t>(b.max_blocks_per_seq) * b.block_size > (std::int64_t{1} << 30))
     throw InvalidArgument(cat("cuda::paged_prefill_attention: max_blocks_per_seq = ", b.max_blocks_per_seq,
                               " must be positive and cover at most 2^30 positions"));
+  const bool fp8 = b.kv_dtype == KvCacheDtype::fp8_e4m3;
+  if (fp8 && !(b.k_scale > 0.0f && b.v_scale > 0.0f && b.k_scale < 3.0e38f && b.v_scale < 3.0e38f))
+    throw InvalidArgument(cat("cuda::paged_prefill_attention: FP8 cache scales ", b.k_scale, ", ", b.v_scale,
+                              " must be positive and finite"));
   if (b.num_seqs == 0) return;
   if (!b.k || !b.v || !b.block_tables || !q || !q_indptr || !q_start || !out)
     throw InvalidArgument(cat("cuda::paged_prefill_attention: null ",
@@ -638,7 +706,8 @@ void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, 
   p.kv_heads = b.num_kv_heads;
   p.num_heads = num_heads;
   p.group = num_heads / b.num_kv_heads;
-  p.scale_log2 = scale * kLog2e;
+  p.scale_log2 = scale * kLog2e * (fp8 ? b.k_scale : 1.0f);
+  p.v_scale = fp8 ? b.v_scale : 1.0f;
 
   // The chunk lengths stay on the device: size the grid from the longest chunk a sequence can hold;
   // blocks past their chunk's end exit at once, and the kernels grid-stride beyond kMaxGridX tiles.
@@ -647,13 +716,19 @@ void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, 
   if (misaligned(out)) path = PrefillPath::cuda_cores;  // the tensor-core kernel stores 16 bytes at a time
   auto s = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaSuccess;
+  const auto tc = [&]<int MT, bool kFp8>() {
+    return b.head_dim == 64 ? launch_tc<64, MT, kFp8>(p, b.num_seqs, cap, s) : launch_tc<128, MT, kFp8>(p, b.num_seqs, cap, s);
+  };
   switch (path) {
-    case PrefillPath::cuda_cores: err = launch_cuda_cores(p, b.head_dim, b.num_seqs, cap, s); break;
+    case PrefillPath::cuda_cores:
+      err = fp8 ? launch_cuda_cores<true>(p, b.head_dim, b.num_seqs, cap, s)
+                : launch_cuda_cores<false>(p, b.head_dim, b.num_seqs, cap, s);
+      break;
     case PrefillPath::tensor_cores_q64:
-      err = b.head_dim == 64 ? launch_tc<64, 1>(p, b.num_seqs, cap, s) : launch_tc<128, 1>(p, b.num_seqs, cap, s);
+      err = fp8 ? tc.template operator()<1, true>() : tc.template operator()<1, false>();
       break;
     default:
-      err = b.head_dim == 64 ? launch_tc<64, 2>(p, b.num_seqs, cap, s) : launch_tc<128, 2>(p, b.num_seqs, cap, s);
+      err = fp8 ? tc.template operator()<2, true>() : tc.template operator()<2, false>();
       break;
   }
   if (err != cudaSuccess)

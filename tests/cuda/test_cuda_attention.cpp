@@ -19,6 +19,11 @@
 // the tensor cores multiplies bf16 exactly and accumulates in f32), the output rounding 2^-8 |r|, and the
 // second-order term 2^-16 a of rounding the perturbed value inside the 1e-4 margin. A wrong fragment layout,
 // mask or rescale gives errors of the order of |v| itself, far outside.
+//
+// FP8 cache (Config::fp8): the cache holds e4m3 codes of K/k_scale and V/v_scale (k_scale 1/4, v_scale 1/2,
+// so that the decoded K is N(0, 1) on e4m3's grid and |V| <= 1 as above), and the reference reads code *
+// scale. The kernels widen the codes to bf16 exactly and fold the scales into f32 factors, so the bounds
+// above hold unchanged: the scales' own f32 roundings are ~1e-7 relative.
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
@@ -36,6 +41,7 @@
 #include "infer/attention/kv_view.hpp"
 #include "infer/concepts.hpp"
 #include "infer/core/error.hpp"
+#include "infer/core/fp8.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/attention.hpp"
 #include "infer/kernels/cuda/ops.hpp"
@@ -49,15 +55,21 @@ namespace {
 
 constexpr std::uint16_t kBf16NaN = 0x7fc0;
 
-/// One layer's paged cache for a batch: `lens[s]` rows of sequence s written, everything else NaN.
+constexpr float kFp8KScale = 0.25f, kFp8VScale = 0.5f;
+constexpr std::uint8_t kE4m3NaN = 0x7f;
+
+/// One layer's paged cache for a batch: `lens[s]` rows of sequence s written, everything else NaN. bf16
+/// values, or (fp8) e4m3 codes of value / scale.
 struct Cache {
   int bs = 0, kvh = 0, d = 0, max_blocks = 0, num_blocks = 0;
+  bool fp8 = false;
   std::vector<std::uint16_t> k, v;
+  std::vector<std::uint8_t> k8, v8;  ///< fp8: the codes
   std::vector<float> kf, vf;
   std::vector<std::int32_t> tables;
 
-  Cache(const std::vector<int>& lens, int block_size, int kv_heads, int head_dim, std::mt19937& rng)
-      : bs(block_size), kvh(kv_heads), d(head_dim) {
+  Cache(const std::vector<int>& lens, int block_size, int kv_heads, int head_dim, std::mt19937& rng, bool fp8_codes = false)
+      : bs(block_size), kvh(kv_heads), d(head_dim), fp8(fp8_codes) {
     int needed = 0;
     for (int len : lens) {
       max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
@@ -72,6 +84,10 @@ struct Cache {
     const std::size_t elems = static_cast<std::size_t>(num_blocks) * bs * row;
     k.assign(elems, kBf16NaN);
     v.assign(elems, kBf16NaN);
+    if (fp8) {
+      k8.assign(elems, kE4m3NaN);
+      v8.assign(elems, kE4m3NaN);
+    }
     tables.assign(lens.size() * static_cast<std::size_t>(max_blocks), 0);
     std::normal_distribution<float> n01(0.0f, 1.0f);
     std::uniform_real_distribution<float> u11(-1.0f, 1.0f);
@@ -85,8 +101,13 @@ struct Cache {
         const auto blk = static_cast<std::size_t>(tables[s * static_cast<std::size_t>(max_blocks) + static_cast<std::size_t>(p / bs)]);
         const std::size_t base = (blk * static_cast<std::size_t>(bs) + static_cast<std::size_t>(p % bs)) * row;
         for (std::size_t i = 0; i < row; ++i) {
-          k[base + i] = f32_to_bf16(n01(rng));
-          v[base + i] = f32_to_bf16(u11(rng));
+          if (fp8) {
+            k8[base + i] = f32_to_e4m3(n01(rng) / kFp8KScale);
+            v8[base + i] = f32_to_e4m3(u11(rng) / kFp8VScale);
+          } else {
+            k[base + i] = f32_to_bf16(n01(rng));
+            v[base + i] = f32_to_bf16(u11(rng));
+          }
         }
       }
     }
@@ -94,10 +115,26 @@ struct Cache {
     vf.resize(elems);
     vabs.resize(elems);
     for (std::size_t i = 0; i < elems; ++i) {
-      kf[i] = bf16_to_f32(k[i]);
-      vf[i] = bf16_to_f32(v[i]);
+      kf[i] = fp8 ? e4m3_to_f32(k8[i]) * kFp8KScale : bf16_to_f32(k[i]);
+      vf[i] = fp8 ? e4m3_to_f32(v8[i]) * kFp8VScale : bf16_to_f32(v[i]);
       vabs[i] = std::fabs(vf[i]);
     }
+  }
+
+  /// The cache's K and V on the device: bf16 values or e4m3 codes.
+  struct Device {
+    std::size_t bytes;
+    test::DeviceMem k, v;
+    explicit Device(const Cache& c) : bytes(c.fp8 ? c.k8.size() : c.k.size() * 2), k(bytes), v(bytes) {
+      CUDA_REQUIRE(cudaMemcpy(k.p, c.fp8 ? static_cast<const void*>(c.k8.data()) : c.k.data(), bytes, cudaMemcpyHostToDevice));
+      CUDA_REQUIRE(cudaMemcpy(v.p, c.fp8 ? static_cast<const void*>(c.v8.data()) : c.v.data(), bytes, cudaMemcpyHostToDevice));
+    }
+  };
+  /// The PagedKvBatch fields that say what the values are.
+  void describe(kc::PagedKvBatch& b) const {
+    b.kv_dtype = fp8 ? KvCacheDtype::fp8_e4m3 : KvCacheDtype::automatic;
+    b.k_scale = fp8 ? kFp8KScale : 1.0f;
+    b.v_scale = fp8 ? kFp8VScale : 1.0f;
   }
 
   [[nodiscard]] PagedKvView<const float> view(std::size_t seq) const { return view_of(seq, vf); }
@@ -136,6 +173,7 @@ int compare(const std::vector<std::uint16_t>& got, const std::vector<float>& ref
 
 struct Config {
   int group, head_dim, block_size;
+  bool fp8 = false;  ///< an FP8 cache (e4m3 codes) instead of bf16
 };
 
 std::vector<Config> all_configs() {
@@ -158,8 +196,8 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
   const int H = c.group * kvh, D = c.head_dim;
   const auto S = static_cast<int>(lens.size());
   INFO("group " << c.group << ", head_dim " << D << ", block " << c.block_size << ", " << S << " sequences, "
-                << kvh << " KV heads");
-  const Cache cache(lens, c.block_size, kvh, D, rng);
+                << kvh << " KV heads" << (c.fp8 ? ", FP8 cache" : ""));
+  const Cache cache(lens, c.block_size, kvh, D, rng, c.fp8);
   const std::size_t qn = static_cast<std::size_t>(S) * H * D;
   const auto q = random_bf16(qn, rng);
   const auto qf = to_f32(q);
@@ -174,18 +212,16 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
     kernels::cpu::attention(shape, qf.data() + at, weight.data() + at, lens[su] - 1, 1, cache.abs_view(su));
   }
 
-  test::DeviceMem dk(cache.k.size() * 2), dv(cache.v.size() * 2), dt(cache.tables.size() * 4),
-      dl(lens.size() * 4), dq(qn * 2), dout(qn * 2);
-  upload(dk, cache.k);
-  upload(dv, cache.v);
+  const Cache::Device dkv(cache);
+  test::DeviceMem dt(cache.tables.size() * 4), dl(lens.size() * 4), dq(qn * 2), dout(qn * 2);
   upload(dt, cache.tables);
   upload(dl, std::vector<std::int32_t>(lens.begin(), lens.end()));
   upload(dq, q);
   CUDA_REQUIRE(cudaMemset(dout.p, 0xff, qn * 2));  // 0xffff is a bf16 NaN
 
-  const kc::PagedKvBatch batch{dk.as<const std::uint16_t>(), dv.as<const std::uint16_t>(),
-                               dt.as<const std::int32_t>(), dl.as<const std::int32_t>(),
-                               S, cache.max_blocks, c.block_size, kvh, D};
+  kc::PagedKvBatch batch{dkv.k.p, dkv.v.p, dt.as<const std::int32_t>(), dl.as<const std::int32_t>(),
+                         S,       cache.max_blocks, c.block_size,          kvh, D};
+  cache.describe(batch);
   const int splits = kc::paged_decode_num_splits(batch, H);
   INFO("splits " << splits);
   if (expect_split) CHECK(splits > 1);
@@ -193,23 +229,16 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
   const std::size_t ws = kc::paged_decode_workspace_bytes(batch, H);
   CHECK((ws == 0) == (splits == 1));
   test::DeviceMem own(shared ? 0 : ws);
-  const std::size_t zeroed = kc::paged_decode_workspace_zeroed_bytes(batch, H);
-  CHECK((zeroed == 0) == (splits == 1));
   if (shared) {
     REQUIRE(ws <= shared->bytes);
   } else {
-    // Poison the workspace too (all but the arrival counters, which must start at zero): merged values
-    // must only come from partials that were written.
+    // Poison the workspace too: merged values must only come from partials that were written.
     CUDA_REQUIRE(cudaMemset(own.p, 0xff, ws == 0 ? 16 : ws));
-    if (zeroed > 0) CUDA_REQUIRE(cudaMemset(own.p, 0, zeroed));
   }
   const test::DeviceMem& dws = shared ? shared->mem : own;
-  // Twice on one workspace per merge (the last block's, with step_fusions(); the merge kernel's): the
-  // first call must leave its counters zero for the second.
-  const bool fusions_before = kc::step_fusions();
-  for (int call = 0; call < 4; ++call) {
-    kc::set_step_fusions(call >= 2);
-    INFO("call " << call << (call >= 2 ? ", merged by the last block" : ", merged by the merge kernel"));
+  // Twice on one workspace: the second call must not depend on what the first left there.
+  for (int call = 0; call < 2; ++call) {
+    INFO("call " << call);
     CUDA_REQUIRE(cudaMemset(dout.p, 0xff, qn * 2));
     kc::paged_decode_attention(batch, dq.as<const std::uint16_t>(), H, scale, dout.as<std::uint16_t>(),
                                dws.as<float>(), shared ? shared->bytes : ws, stream);
@@ -218,12 +247,6 @@ void run_decode_case(const Config& c, const std::vector<int>& lens, int kvh, std
     CUDA_REQUIRE(cudaMemcpy(got.data(), dout.p, qn * 2, cudaMemcpyDeviceToHost));
     // The decode kernel's P·V on the tensor cores takes P as two bf16 parts (hi + lo): held to the f32 bound.
     CHECK(compare(got, ref, weight, /*bf16_p=*/false) == 0);
-  }
-  kc::set_step_fusions(fusions_before);
-  if (zeroed > 0) {
-    std::vector<unsigned char> counters(zeroed);
-    CUDA_REQUIRE(cudaMemcpy(counters.data(), dws.p, zeroed, cudaMemcpyDeviceToHost));
-    CHECK(std::all_of(counters.begin(), counters.end(), [](unsigned char b) { return b == 0; }));
   }
 }
 
@@ -315,7 +338,7 @@ void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks
     starts.push_back(ch.start);
     indptr.push_back(indptr.back() + ch.count);
   }
-  const Cache cache(lens, c.block_size, kvh, D, rng);
+  const Cache cache(lens, c.block_size, kvh, D, rng, c.fp8);
   const auto total_q = static_cast<std::size_t>(indptr.back());
   const std::size_t qn = total_q * H * D;
   const auto q = random_bf16(qn, rng);
@@ -329,8 +352,9 @@ void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks
     kernels::cpu::attention(shape, qf.data() + at, ref.data() + at, starts[su], chunks[su].count, cache.view(su));
     kernels::cpu::attention(shape, qf.data() + at, weight.data() + at, starts[su], chunks[su].count, cache.abs_view(su));
   }
-  test::DeviceMem dk(cache.k.size() * 2), dv(cache.v.size() * 2), dt(cache.tables.size() * 4), dl(lens.size() * 4),
-      dind(indptr.size() * 4), dst(starts.size() * 4), dout(qn * 2 + 16);
+  const Cache::Device dkv(cache);
+  test::DeviceMem dt(cache.tables.size() * 4), dl(lens.size() * 4), dind(indptr.size() * 4), dst(starts.size() * 4),
+      dout(qn * 2 + 16);
   // With a row stride, each row's q sits at the front of a longer row (as in the fused QKV projection's
   // output) whose other values are NaN: a kernel that read past a row's q would fail the comparison.
   const std::size_t row = static_cast<std::size_t>(H) * D;
@@ -338,16 +362,14 @@ void run_prefill_case(const Config& c, int kvh, const std::vector<Chunk>& chunks
   std::vector<std::uint16_t> q_rows(total_q * stride, 0xffff);
   for (std::size_t r = 0; r < total_q; ++r) std::copy_n(q.begin() + static_cast<std::ptrdiff_t>(r * row), row, q_rows.begin() + static_cast<std::ptrdiff_t>(r * stride));
   test::DeviceMem dq(q_rows.size() * 2);
-  upload(dk, cache.k);
-  upload(dv, cache.v);
   upload(dt, cache.tables);
   upload(dl, std::vector<std::int32_t>(lens.begin(), lens.end()));
   upload(dind, std::vector<std::int32_t>(indptr.begin(), indptr.end()));
   upload(dst, std::vector<std::int32_t>(starts.begin(), starts.end()));
   upload(dq, q_rows);
-  const kc::PagedKvBatch batch{dk.as<const std::uint16_t>(), dv.as<const std::uint16_t>(),
-                               dt.as<const std::int32_t>(), dl.as<const std::int32_t>(),
-                               S, cache.max_blocks, c.block_size, kvh, D};
+  kc::PagedKvBatch batch{dkv.k.p, dkv.v.p, dt.as<const std::int32_t>(), dl.as<const std::int32_t>(),
+                         S,       cache.max_blocks, c.block_size,          kvh, D};
+  cache.describe(batch);
   std::uint16_t* out = dout.as<std::uint16_t>(misaligned_out ? 2 : 0);
   std::vector<std::vector<std::uint16_t>> outs;
   for (const kc::PrefillPath path : kPrefillPaths) {
@@ -396,6 +418,28 @@ TEST_CASE("CUDA paged prefill attention matches the CPU reference (chunked, caus
                                     {77, 200}, {63, 129}, {128, 128}, {50, 0},  {5, 64}};
     run_prefill_case(c, kvh, chunks, rng, stream);
   }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("CUDA paged attention over an FP8 cache (e4m3 codes) matches the CPU reference", "[cuda][attention][fp8]") {
+  std::mt19937 rng(test::test_seed("attention, FP8 cache"));
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  for (const int group : {1, 4, 8})
+    for (const int d : {64, 128})
+      for (const int bs : {8, 16}) {
+        const Config c{group, d, bs, /*fp8=*/true};
+        // Decode: split contexts up to 4096 positions, then a full grid of short ones (no split).
+        run_decode_case(c, {1, 17, 1000 + static_cast<int>(rng() % 200), 4096}, 2, rng, true, stream);
+        std::vector<int> lens(64);
+        for (auto& len : lens) len = 1 + static_cast<int>(rng() % 32);
+        run_decode_case(c, lens, 8, rng, false, stream);
+        // Prefill through every kernel (codes widened in shared memory by the tensor-core ones), with and
+        // without a misaligned output (the CUDA-core kernel).
+        const std::vector<Chunk> chunks{{0, 1}, {0, 17}, {900, 37}, {0, 300}, {77, 200}, {63, 129}, {50, 0}};
+        run_prefill_case(c, group == 8 ? 1 : 2, chunks, rng, stream);
+        run_prefill_case(c, 2, {{5, 40}, {0, 3}}, rng, stream, /*misaligned_out=*/true);
+      }
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
@@ -538,14 +582,7 @@ TEST_CASE("CUDA paged decode attention bandwidth", "[cuda][attention][.bench]") 
   // other block sizes, Llama-3-8B's batch-1 decode (one layer, 640 positions), and a large batch of short
   // contexts as in a throughput run.
   for (const int bs : {16, 8, 32}) bench_decode(64, 2048, 32, 8, 128, bs, copy_tbs);
-  // Llama-3-8B's batch-1 step splits: its splits merged by the merge kernel, then by their last block.
-  const bool fusions = kc::step_fusions();
-  for (const bool fused : {false, true}) {
-    kc::set_step_fusions(fused);
-    std::printf("  (splits merged by %s)\n", fused ? "their last block" : "the merge kernel");
-    bench_decode(1, 640, 32, 8, 128, 16, copy_tbs);
-  }
-  kc::set_step_fusions(fusions);
+  bench_decode(1, 640, 32, 8, 128, 16, copy_tbs);  // Llama-3-8B's batch-1 step: its context split
   bench_decode(256, 256, 32, 8, 128, 16, copy_tbs);
   bench_decode(1024, 192, 32, 8, 128, 16, copy_tbs);  // the decode steps of 1024 x (128 in, 128 out), mid-way
   bench_decode(64, 2048, 9, 3, 64, 16, copy_tbs);  // SmolLM2's heads

@@ -115,12 +115,6 @@ TEST_CASE("GPU decoder logits equal the CPU decoder's within the derived bound o
   SECTION("Qwen2 shape (q/k/v biases, tied embeddings, head_dim 128), in-place quantizer") {
     compare_decoders<GpuModel<GgufInPlace>>(ModelSource::dummy(small_qwen2(), 12, "small qwen2"), "small qwen2, in place");
   }
-  SECTION("Llama shape, bf16 weights, with the step fusions (kernels::cuda::step_fusions)") {
-    // RoPE and the KV write in the QKV GEMV at batch 1, the attention splits merged by their last block.
-    const bool before = kernels::cuda::set_step_fusions(true);
-    compare_decoders<GpuModel<Bf16>>(ModelSource::dummy(small_llama(), 11, "small llama"), "small llama, bf16, fused");
-    kernels::cuda::set_step_fusions(before);
-  }
   SECTION("the smollm2-135m preset (30 layers) built from one seed on both backends") {
     compare_decoders<GpuModel<>>(ModelSource::dummy(dummy_preset("smollm2-135m"), 13, "smollm2-135m"), "smollm2-135m preset");
   }
@@ -184,13 +178,9 @@ TEST_CASE("PagedEngine<cuda> on SmolLM2: every greedy token is the CPU reference
 TEST_CASE("PagedEngine<cuda> on dummy models: every greedy token is the CPU reference's choice or a derived near-tie",
           "[cuda][engine]") {
   std::mt19937 rng(test_seed("engine on dummy models"));
-  const bool fusions_before = kernels::cuda::step_fusions();
-  // Each model with the decode step's separate kernels and with their fusions (step_fusions): batches that
-  // grow and shrink share one attention workspace either way.
-  for (const bool fusions : {false, true})
+  // Batches that grow and shrink share one attention workspace.
   for (const ModelConfig& config : {small_llama(), small_qwen2()}) {
-    kernels::cuda::set_step_fusions(fusions);
-    INFO(config.architecture << (fusions ? ", step fusions" : ""));
+    INFO(config.architecture);
     const Workload w = mixed_workload(24, config.vocab_size, rng);
     PagedEngine<cuda, 16> engine(ModelSource::dummy(config, 21), EngineOptions{});
     const auto gpu = run_together(engine, w);
@@ -208,7 +198,6 @@ TEST_CASE("PagedEngine<cuda> on dummy models: every greedy token is the CPU refe
       }
     }
   }
-  kernels::cuda::set_step_fusions(fusions_before);
 }
 
 // Batch invariance is not bit for bit: a request alone runs every decode step at one row (the bf16 GEMV,

@@ -28,6 +28,7 @@
 #include "support/cuda_test_support.hpp"
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
+#include "infer/core/fp8.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/kernels/cuda/ops.hpp"
@@ -341,9 +342,45 @@ TEST_CASE("cuda::rope_write_kv rotates q and k and writes the paged cache", "[cu
       }
       CHECK(bad == 0);
       CHECK(touched == 0);
+
+      // The same call into an FP8 cache: qkv as above, bit for bit, and each cache value the e4m3 code of the
+      // bf16 value above times 1 / scale (round to nearest even, saturating: the CPU's f32_to_e4m3), scales
+      // that are not powers of two; unwritten rows keep their poison (0xff, an e4m3 NaN).
+      const float k_scale = 0.0123f, v_scale = 0.0071f;  // some values saturate at 448 codes
+      Dev<std::uint16_t> d_qkv8(qkv);
+      auto d_k8 = Dev<std::uint8_t>::poisoned(cache_elems), d_v8 = Dev<std::uint8_t>::poisoned(cache_elems);
+      kc::rope_write_kv(d_qkv8.ptr(), d_pos.ptr(), d_freq.ptr(), T, nq, nkv, hd, style, d_k8.ptr(), d_v8.ptr(),
+                        d_slot.ptr(), nullptr, KvCacheDtype::fp8_e4m3, k_scale, v_scale);
+      device_sync();
+      CHECK(d_qkv8.get(qkv.size()) == got);
+      const auto gk8 = d_k8.get(cache_elems), gv8 = d_v8.get(cache_elems);
+      const float ik = 1.0f / k_scale, iv = 1.0f / v_scale;
+      int bad8 = 0;
+      for (std::int64_t t = 0; t < T; ++t) {
+        const std::int64_t s = slot[static_cast<std::size_t>(t)];
+        if (s < 0) continue;
+        for (std::int64_t j = 0; j < kw; ++j) {
+          const auto ci = static_cast<std::size_t>(s * kw + j);
+          if (gk8[ci] != f32_to_e4m3(bf16_to_f32(at(t, qw + j)) * ik) && ++bad8 <= 5)
+            FAIL_CHECK("FP8 k cache row " << s << " value " << j << ": code " << int(gk8[ci]));
+          if (gv8[ci] != f32_to_e4m3(bf16_to_f32(at(t, qw + kw + j)) * iv) && ++bad8 <= 5)
+            FAIL_CHECK("FP8 v cache row " << s << " value " << j << ": code " << int(gv8[ci]));
+        }
+      }
+      for (std::int64_t r = 0; r < cache_rows; ++r) {
+        if (written.count(r)) continue;
+        for (std::int64_t j = 0; j < kw; ++j) {
+          const auto ci = static_cast<std::size_t>(r * kw + j);
+          if ((gk8[ci] != 0xff || gv8[ci] != 0xff) && ++bad8 <= 5) FAIL_CHECK("FP8 cache row " << r << " was written");
+        }
+      }
+      CHECK(bad8 == 0);
     }
   }
   std::uint16_t* null16 = nullptr;
+  CHECK_THROWS_WITH(kc::rope_write_kv(null16, nullptr, nullptr, 1, 1, 1, 64, 0, null16, null16, nullptr, nullptr,
+                                      KvCacheDtype::fp8_e4m3, 0.0f, 1.0f),
+                    Catch::Contains("positive and finite"));
   CHECK_THROWS_AS(kc::rope_write_kv(null16, nullptr, nullptr, 1, 1, 1, 64, 2, null16, null16, nullptr, nullptr),
                   InvalidArgument);
   CHECK_THROWS_AS(kc::rope_write_kv(null16, nullptr, nullptr, 1, 1, 1, 63, 0, null16, null16, nullptr, nullptr),

@@ -26,6 +26,7 @@ template <class Tuning = void>
 struct FusedContiguousAttention {
   static constexpr KvLayout layout = KvLayout::contiguous;
   static constexpr std::string_view name = "fused_contiguous";
+  static constexpr bool reads_fp8_kv_cache = true;  ///< concepts.hpp
   template <class T>
   using view = ContiguousKvView<T>;
 
@@ -43,8 +44,10 @@ struct FusedContiguousAttention {
     return view<T>{k, v, table[0] / blocks, blocks * block_size, kv_heads, head_dim};
   }
 
+  /// T: float, or std::uint8_t for an FP8 cache's e4m3 codes (cpu_attention.hpp).
+  template <class T>
   static void attend(cpu, const AttentionShape& shape, const float* q, float* out, std::int32_t start,
-                     std::int32_t count, const view<float>& kv) {
+                     std::int32_t count, const view<T>& kv) {
     require<InvalidArgument>(static_cast<std::int64_t>(start) + count <= kv.capacity,
                              "FusedContiguousAttention: positions up to ", static_cast<std::int64_t>(start) + count,
                              " exceed the slot's capacity of ", kv.capacity, " tokens");

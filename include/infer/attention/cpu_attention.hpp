@@ -17,16 +17,22 @@
 ///
 /// Only rows of positions < start + count are read: an unwritten (e.g. NaN-poisoned) slot beyond the
 /// chunk is never touched.
+///
+/// A view of e4m3 codes (an FP8 KV cache) is decoded a tile at a time (code · scale, one f32 product) into a
+/// buffer the tile's queries then read: the arithmetic after that is the f32 cache's, so an FP8 cache's
+/// attention equals the f32 kernel's over the decoded values bit for bit.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "infer/attention/kv_view.hpp"
 #include "infer/concepts.hpp"
 #include "infer/core/error.hpp"
+#include "infer/core/fp8.hpp"
 
 namespace infer::kernels::cpu {
 
@@ -89,6 +95,15 @@ void attention(const AttentionShape& shape, const float* q, float* out, std::int
   const float* kp[KvTile];
   const float* vp[KvTile];
   float s[KvTile];
+  // An FP8 view: the tile's K rows, then its V rows, decoded.
+  using Stored = std::remove_cv_t<std::remove_pointer_t<decltype(kv.k_at(0, 0))>>;
+  constexpr bool kCodes = std::is_same_v<Stored, std::uint8_t>;
+  static_assert(kCodes || std::is_same_v<Stored, float>, "cpu::attention reads f32 values or e4m3 codes");
+  thread_local std::vector<float> decoded;
+  const auto tile_values = static_cast<std::size_t>(KvTile) * static_cast<std::size_t>(D);
+  if constexpr (kCodes) {
+    if (decoded.size() < 2 * tile_values) decoded.resize(2 * tile_values);
+  }
 
   for (std::int32_t g = 0; g < KVH; ++g) {
     for (std::int32_t i = 0; i < count; ++i)
@@ -100,8 +115,22 @@ void attention(const AttentionShape& shape, const float* q, float* out, std::int
     for (std::int32_t p0 = 0; p0 < end; p0 += KvTile) {
       const std::int32_t p1 = std::min(p0 + KvTile, end);
       for (std::int32_t p = p0; p < p1; ++p) {
-        kp[p - p0] = kv.k_at(p, g);
-        vp[p - p0] = kv.v_at(p, g);
+        if constexpr (kCodes) {
+          const auto& table = e4m3_table();
+          float* kd = decoded.data() + static_cast<std::size_t>(p - p0) * static_cast<std::size_t>(D);
+          float* vd = kd + tile_values;
+          const std::uint8_t* kc = kv.k_at(p, g);
+          const std::uint8_t* vc = kv.v_at(p, g);
+          for (std::int32_t d = 0; d < D; ++d) {
+            kd[d] = table[kc[d]] * kv.k_scale;
+            vd[d] = table[vc[d]] * kv.v_scale;
+          }
+          kp[p - p0] = kd;
+          vp[p - p0] = vd;
+        } else {
+          kp[p - p0] = kv.k_at(p, g);
+          vp[p - p0] = kv.v_at(p, g);
+        }
       }
       // Query i sees positions up to start + i: the tile is visible from i = p0 - start on.
       for (std::int32_t i = std::max(0, p0 - start); i < count; ++i) {

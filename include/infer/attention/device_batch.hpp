@@ -13,12 +13,18 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "infer/memory/kv_dtype.hpp"
+
 namespace infer {
 
 struct DeviceAttentionBatch {
-  // ---- the layer's cache: [num_blocks][block_size][num_kv_heads][head_dim] bf16, K and V
-  const std::uint16_t* k = nullptr;
-  const std::uint16_t* v = nullptr;
+  // ---- the layer's cache: [num_blocks][block_size][num_kv_heads][head_dim], K and V: bf16 values, or with
+  // kv_dtype fp8_e4m3 e4m3 codes whose values are code · k_scale (K) and code · v_scale (V)
+  const void* k = nullptr;
+  const void* v = nullptr;
+  KvCacheDtype kv_dtype = KvCacheDtype::automatic;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
   std::int32_t block_size = 0;
   std::int32_t num_heads = 0;
   std::int32_t num_kv_heads = 0;
@@ -41,8 +47,8 @@ struct DeviceAttentionBatch {
   const std::int32_t* prefill_indptr = nullptr;   ///< [num_prefill + 1]
   const std::int32_t* prefill_start = nullptr;    ///< [num_prefill]
 
-  /// Device, at least the policy's workspace_bytes(batch); zeroed when the model allocates it, and a policy
-  /// that needs state kept between calls (the paged decode kernel's arrival counters) leaves it as it found it.
+  /// Device, at least the policy's workspace_bytes(batch); zeroed when the model allocates it, so a policy
+  /// that keeps state there between calls (counters, say) finds zeros first and must leave it as it found it.
   float* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   void* stream = nullptr;  ///< cudaStream_t

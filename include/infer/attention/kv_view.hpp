@@ -5,6 +5,9 @@
 /// `[num_blocks][block_size][kv_heads][head_dim]` — and only the addressing differs: a paged sequence
 /// finds token `pos` through its block table; a contiguous one owns a slot of `capacity` tokens.
 /// Host metadata types never appear here, so one kernel template serves both engines.
+///
+/// T is the stored value: float (or bf16 bits on the GPU), or std::uint8_t for an FP8 cache's e4m3 codes,
+/// whose values are code · k_scale (K) and code · v_scale (V); the scales are unused otherwise.
 
 #include <concepts>
 #include <cstddef>
@@ -26,6 +29,8 @@ struct PagedKvView {
   std::int32_t block_size = 0;
   std::int32_t kv_heads = 0;
   std::int32_t head_dim = 0;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
 
   INFER_HD std::size_t offset(std::int32_t pos, std::int32_t head) const {
     const auto block = static_cast<std::size_t>(block_table[pos / block_size]);
@@ -46,6 +51,8 @@ struct ContiguousKvView {
   std::int32_t capacity = 0;  ///< tokens per slot (max_input + max_output of the build)
   std::int32_t kv_heads = 0;
   std::int32_t head_dim = 0;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
 
   INFER_HD std::size_t offset(std::int32_t pos, std::int32_t head) const {
     const auto row = static_cast<std::size_t>(slot) * static_cast<std::size_t>(capacity) + static_cast<std::size_t>(pos);
@@ -67,5 +74,6 @@ concept KvView = requires(const V view, std::int32_t pos, std::int32_t head) {
 
 static_assert(KvView<PagedKvView<float>>);
 static_assert(KvView<ContiguousKvView<float>>);
+static_assert(KvView<PagedKvView<std::uint8_t>>);
 
 }  // namespace infer

@@ -28,6 +28,7 @@ template <class Tuning = void>
 struct PagedAttention {
   static constexpr KvLayout layout = KvLayout::paged;
   static constexpr std::string_view name = "paged";
+  static constexpr bool reads_fp8_kv_cache = true;  ///< concepts.hpp
   template <class T>
   using view = PagedKvView<T>;
 
@@ -38,8 +39,10 @@ struct PagedAttention {
     return view<T>{k, v, table.data(), static_cast<std::int32_t>(table.size()), block_size, kv_heads, head_dim};
   }
 
+  /// T: float, or std::uint8_t for an FP8 cache's e4m3 codes (cpu_attention.hpp).
+  template <class T>
   static void attend(cpu, const AttentionShape& shape, const float* q, float* out, std::int32_t start,
-                     std::int32_t count, const view<float>& kv) {
+                     std::int32_t count, const view<T>& kv) {
     require<InvalidArgument>(static_cast<std::int64_t>(start) + count <=
                                  static_cast<std::int64_t>(kv.num_table_blocks) * kv.block_size,
                              "PagedAttention: positions up to ", static_cast<std::int64_t>(start) + count,
@@ -71,12 +74,12 @@ struct PagedAttention {
 
  private:
   static kernels::cuda::PagedKvBatch decode_part(const DeviceAttentionBatch& b) {
-    return {b.k, b.v, b.decode_tables, b.decode_lens, b.num_decode, b.table_width, b.block_size, b.num_kv_heads,
-            b.head_dim};
+    return {b.k,          b.v,          b.decode_tables, b.decode_lens, b.num_decode, b.table_width, b.block_size,
+            b.num_kv_heads, b.head_dim, b.kv_dtype,      b.k_scale,     b.v_scale};
   }
   static kernels::cuda::PagedKvBatch prefill_part(const DeviceAttentionBatch& b) {
-    return {b.k, b.v, b.prefill_tables, nullptr, b.num_prefill, b.table_width, b.block_size, b.num_kv_heads,
-            b.head_dim};
+    return {b.k,          b.v,          b.prefill_tables, nullptr,   b.num_prefill, b.table_width, b.block_size,
+            b.num_kv_heads, b.head_dim, b.kv_dtype,       b.k_scale, b.v_scale};
   }
 #endif
 };

@@ -161,9 +161,10 @@ class Engine {
         model_(model_type::load(*source_)),
         max_model_len_(resolve_max_len(model_.config(), options_)),
         scheduler_(std::move(scheduler)),
-        alloc_(engine_detail::make_allocator<A>(options_, model_.kv_bytes_per_token(), max_model_len_, kv_budget())),
+        alloc_(engine_detail::make_allocator<A>(options_, kv_bytes_per_token(), max_model_len_, kv_budget())),
         cache_(static_cast<std::int32_t>(model_.config().num_layers), alloc_.num_blocks(), alloc_.block_size(),
-               static_cast<std::int32_t>(model_.config().num_kv_heads), static_cast<std::int32_t>(model_.config().head_dim)),
+               static_cast<std::int32_t>(model_.config().num_kv_heads), static_cast<std::int32_t>(model_.config().head_dim),
+               options_.kv_cache_dtype),
         sampler_(std::nullopt) {
     // EOS is the tokenizer's; a config may list more end tokens (Llama 3: <|eot_id|>, <|eom_id|>), which
     // act as stop token ids of every request.
@@ -464,6 +465,16 @@ class Engine {
   /// The KV budget when options give none. A GPU model first reserves the activations of the largest
   /// step, then says what gpu_memory_utilization leaves; the CPU takes a fixed default. A fixed-shape
   /// allocator needs no budget (its shape says what it takes); its model reserves once the allocator exists.
+  /// KV bytes a token takes in the cache this engine builds; InvalidArgument first when an FP8 cache is asked
+  /// of an attention kernel that does not read one (concepts.hpp, reads_fp8_kv_cache).
+  std::size_t kv_bytes_per_token() const {
+    if constexpr (!reads_fp8_kv_cache<Attn, B>)
+      require<InvalidArgument>(options_.kv_cache_dtype != KvCacheDtype::fp8_e4m3, "infer::Engine: kv_cache_dtype fp8_e4m3 ",
+                               "needs an attention kernel that reads an FP8 cache; '", Attn::name,
+                               "' declares no reads_fp8_kv_cache (concepts.hpp)");
+    return model_.kv_bytes_per_token(options_.kv_cache_dtype);
+  }
+
   std::size_t kv_budget() {
     if constexpr (kBoundsFromAllocator) {
       return 0;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "infer/core/error.hpp"
+#include "infer/memory/kv_dtype.hpp"
 #include "infer/memory/shape.hpp"
 #include "infer/sched/scheduler_config.hpp"
 
@@ -24,6 +25,11 @@ struct EngineOptions {
   /// Longest sequence (prompt + output) accepted; 0 = the model's context length.
   std::int32_t max_model_len = 0;
   bool enable_prefix_caching = true;
+  /// What the KV cache stores (vLLM's --kv-cache-dtype): `automatic`, the model's activation type (f32 on
+  /// the CPU, bf16 on the GPU), or `fp8_e4m3`, e4m3 codes with a scale per layer (kv_dtype.hpp): half of
+  /// bf16's bytes, so twice the tokens in the same budget. Needs an attention kernel that reads it
+  /// (reads_fp8_kv_cache in concepts.hpp; the built-in ones do).
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::automatic;
   /// GPU only: the fraction of the device's memory this engine may use in all (weights, activations and
   /// the KV pool), as vLLM's --gpu-memory-utilization. Used when kv_cache_bytes is 0.
   double gpu_memory_utilization = 0.9;

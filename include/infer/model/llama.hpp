@@ -30,6 +30,7 @@
 #include "infer/concepts.hpp"
 #include "infer/core/backend.hpp"
 #include "infer/core/error.hpp"
+#include "infer/core/fp8.hpp"
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/model/forward_batch.hpp"
 #include "infer/model/forward_check.hpp"
@@ -76,10 +77,9 @@ class LlamaModel<cpu, Q, Attn> {
 
   [[nodiscard]] const ModelConfig& config() const noexcept { return config_; }
 
-  /// KV-cache bytes one token occupies across all layers (K and V, f32).
-  [[nodiscard]] std::size_t kv_bytes_per_token() const noexcept {
-    return static_cast<std::size_t>(config_.num_layers) * 2 * static_cast<std::size_t>(config_.kv_size()) *
-           sizeof(float);
+  /// KV-cache bytes one token occupies across all layers (K and V: f32, or e4m3 codes).
+  [[nodiscard]] std::size_t kv_bytes_per_token(KvCacheDtype dtype = KvCacheDtype::automatic) const noexcept {
+    return KvCache<cpu>::bytes_per_token(config_.num_layers, config_.num_kv_heads, config_.head_dim, dtype);
   }
 
   /// Computes every chunk (all chunks' tokens batched through the GEMMs), writes their K/V into
@@ -122,7 +122,6 @@ class LlamaModel<cpu, Q, Attn> {
     kernels::cpu::rope_table(pos_.data(), T, inv_freq_.data(), config_.head_dim / 2, cos_sin_.data());
 
     const auto rows = static_cast<std::int32_t>(T);
-    const std::int32_t bs = cache.block_size();
     for (std::size_t l = 0; l < w_.layers.size(); ++l) {
       const auto& L = w_.layers[l];
       const auto layer = static_cast<std::int32_t>(l);
@@ -141,29 +140,11 @@ class LlamaModel<cpu, Q, Attn> {
 
       // Every chunk's K/V first, then every chunk's attention: a sequence admitted in this step may reuse
       // (prefix-cache hit) blocks that another chunk of this same step writes.
-      std::int64_t first = 0;
-      for (const auto& c : chunks) {
-        const auto view = Attn::template make_view<float>(cache.k(layer), cache.v(layer), c.block_table, bs,
-                                                          shape_.num_kv_heads, shape_.head_dim);
-        const auto n = static_cast<std::int32_t>(c.tokens.size());
-        for (std::int32_t i = 0; i < n; ++i) {
-          const auto r = static_cast<std::size_t>(first + i);
-          for (std::int32_t h = 0; h < shape_.num_kv_heads; ++h) {
-            const std::size_t off = r * static_cast<std::size_t>(kvs) + static_cast<std::size_t>(h * shape_.head_dim);
-            std::memcpy(view.k_at(c.start + i, h), &k_[off], static_cast<std::size_t>(shape_.head_dim) * sizeof(float));
-            std::memcpy(view.v_at(c.start + i, h), &v_[off], static_cast<std::size_t>(shape_.head_dim) * sizeof(float));
-          }
-        }
-        first += n;
-      }
-      first = 0;
-      for (const auto& c : chunks) {
-        const auto view = Attn::template make_view<float>(cache.k(layer), cache.v(layer), c.block_table, bs,
-                                                          shape_.num_kv_heads, shape_.head_dim);
-        const auto n = static_cast<std::int32_t>(c.tokens.size());
-        Attn::attend(cpu{}, shape_, &q_[static_cast<std::size_t>(first * qs)], &att_[static_cast<std::size_t>(first * qs)],
-                     c.start, n, view);
-        first += n;
+      if (cache.dtype() == KvCacheDtype::fp8_e4m3) {
+        if constexpr (reads_fp8_kv_cache<Attn, cpu>) attend_layer<std::uint8_t>(chunks, cache, layer);
+        else refuse_fp8_cache();
+      } else {
+        attend_layer<float>(chunks, cache, layer);
       }
       Q::matmul(cpu{}, L.o, att_.data(), rows, tmp_.data());
       kernels::cpu::add(x_.data(), tmp_.data(), static_cast<std::size_t>(T * H));
@@ -191,6 +172,64 @@ class LlamaModel<cpu, Q, Attn> {
   }
 
  private:
+  /// One layer's K/V rows of every chunk into the cache (f32 values, or e4m3 codes of value / scale), then
+  /// every chunk's attention over it: q_, k_, v_ in, att_ out.
+  template <class T>
+  void attend_layer(std::span<const ForwardChunk> chunks, KvCache<cpu>& cache, std::int32_t layer) {
+    constexpr bool kCodes = std::is_same_v<T, std::uint8_t>;
+    const std::int64_t qs = config_.q_size(), kvs = config_.kv_size();
+    const auto D = static_cast<std::size_t>(shape_.head_dim);
+    const auto view_of = [&](const ForwardChunk& c) {
+      if constexpr (kCodes) {
+        auto view = Attn::template make_view<T>(cache.k_codes(layer), cache.v_codes(layer), c.block_table,
+                                                cache.block_size(), shape_.num_kv_heads, shape_.head_dim);
+        view.k_scale = cache.k_scale(layer);
+        view.v_scale = cache.v_scale(layer);
+        return view;
+      } else {
+        return Attn::template make_view<T>(cache.k(layer), cache.v(layer), c.block_table, cache.block_size(),
+                                           shape_.num_kv_heads, shape_.head_dim);
+      }
+    };
+    std::int64_t first = 0;
+    for (const auto& c : chunks) {
+      const auto view = view_of(c);
+      const auto n = static_cast<std::int32_t>(c.tokens.size());
+      for (std::int32_t i = 0; i < n; ++i) {
+        const auto r = static_cast<std::size_t>(first + i);
+        for (std::int32_t h = 0; h < shape_.num_kv_heads; ++h) {
+          const std::size_t off = r * static_cast<std::size_t>(kvs) + static_cast<std::size_t>(h) * D;
+          if constexpr (kCodes) {
+            const float ik = 1.0f / view.k_scale, iv = 1.0f / view.v_scale;
+            std::uint8_t* kd = view.k_at(c.start + i, h);
+            std::uint8_t* vd = view.v_at(c.start + i, h);
+            for (std::size_t d = 0; d < D; ++d) {
+              kd[d] = f32_to_e4m3(k_[off + d] * ik);
+              vd[d] = f32_to_e4m3(v_[off + d] * iv);
+            }
+          } else {
+            std::memcpy(view.k_at(c.start + i, h), &k_[off], D * sizeof(float));
+            std::memcpy(view.v_at(c.start + i, h), &v_[off], D * sizeof(float));
+          }
+        }
+      }
+      first += n;
+    }
+    first = 0;
+    for (const auto& c : chunks) {
+      const auto n = static_cast<std::int32_t>(c.tokens.size());
+      Attn::attend(cpu{}, shape_, &q_[static_cast<std::size_t>(first * qs)], &att_[static_cast<std::size_t>(first * qs)],
+                   c.start, n, view_of(c));
+      first += n;
+    }
+  }
+
+  [[noreturn]] static void refuse_fp8_cache() {
+    throw InvalidArgument(detail::cat("LlamaModel: the attention kernel '", Attn::name,
+                                      "' does not read an FP8 KV cache (it declares no reads_fp8_kv_cache; "
+                                      "concepts.hpp); use kv_cache_dtype auto"));
+  }
+
   LlamaModel(const ModelConfig& c, LlamaWeights<Q, cpu> w)
       : config_(c), w_(std::move(w)), inv_freq_(rope_inv_freq(c)) {
     shape_.num_heads = static_cast<std::int32_t>(c.num_heads);

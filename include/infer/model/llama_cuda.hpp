@@ -89,9 +89,9 @@ class LlamaModel<cuda, Q, Attn> {
   [[nodiscard]] const ModelConfig& config() const noexcept { return config_; }
   [[nodiscard]] const ModelLoadTimes& load_times() const noexcept { return times_; }
 
-  /// KV-cache bytes one token occupies across all layers (K and V, bf16).
-  [[nodiscard]] std::size_t kv_bytes_per_token() const noexcept {
-    return KvCache<cuda>::bytes_per_token(config_.num_layers, config_.num_kv_heads, config_.head_dim);
+  /// KV-cache bytes one token occupies across all layers (K and V: bf16, or e4m3 codes).
+  [[nodiscard]] std::size_t kv_bytes_per_token(KvCacheDtype dtype = KvCacheDtype::automatic) const noexcept {
+    return KvCache<cuda>::bytes_per_token(config_.num_layers, config_.num_kv_heads, config_.head_dim, dtype);
   }
 
   /// Allocates the activations of the largest step the scheduler plans (its StepBounds: tokens and
@@ -109,6 +109,10 @@ class LlamaModel<cuda, Q, Attn> {
   /// Called once the cache exists: sizes the block tables for `max_model_len`, the decode workspace for
   /// every batch size, and captures the decode graphs (unless `cuda_graphs` is false).
   void prepare(KvCache<cuda>& cache, std::int32_t max_model_len, bool cuda_graphs) {
+    if constexpr (!reads_fp8_kv_cache<Attn, cuda>)
+      require<InvalidArgument>(cache.dtype() != KvCacheDtype::fp8_e4m3, "LlamaModel<cuda>: the attention kernel '",
+                               Attn::name, "' does not read an FP8 KV cache (it declares no reads_fp8_kv_cache; ",
+                               "concepts.hpp); use kv_cache_dtype auto");
     const auto t0 = std::chrono::steady_clock::now();
     const std::int32_t width = (max_model_len + cache.block_size() - 1) / cache.block_size();
     grow(cap_tokens_, cap_seqs_, width);
@@ -258,7 +262,7 @@ class LlamaModel<cuda, Q, Attn> {
       ws = std::max(ws, Attn::workspace_bytes(cuda{}, probe));
     }
     workspace_ = backend::cuda::DeviceBuffer(ws);
-    // Zeroed once: the decode kernel's arrival counters at its front start at zero, and each call leaves them so.
+    // Zeroed once, as DeviceAttentionBatch::workspace promises a policy that keeps state there between calls.
     if (ws > 0) backend::cuda::check(cudaMemset(workspace_.data(), 0, ws), "LlamaModel<cuda>: zeroing the attention workspace");
     cap_tokens_ = T;
     cap_seqs_ = S;
@@ -269,8 +273,11 @@ class LlamaModel<cuda, Q, Attn> {
   DeviceAttentionBatch attention_batch(std::int32_t layer, const KvCache<cuda>* cache, std::int32_t width) const {
     DeviceAttentionBatch b;
     if (cache) {
-      b.k = cache->k(layer);
-      b.v = cache->v(layer);
+      b.k = cache->k_storage(layer);
+      b.v = cache->v_storage(layer);
+      b.kv_dtype = cache->dtype();
+      b.k_scale = cache->k_scale(layer);
+      b.v_scale = cache->v_scale(layer);
       b.block_size = cache->block_size();
     } else {
       b.block_size = 16;
@@ -361,21 +368,12 @@ class LlamaModel<cuda, Q, Attn> {
       const auto layer = static_cast<std::int32_t>(l);
       if (pending) kernels::cuda::add_bf16_rmsnorm(x, pending, L.attn_norm, T, H, eps, xn, s);
       else kernels::cuda::add_rmsnorm(x, nullptr, L.attn_norm, T, H, eps, xn, s);
-      const kernels::cuda::RopeKvWrite rope{meta.pos,
-                                            inv_freq_.as<float>(),
-                                            static_cast<int>(c.num_heads),
-                                            static_cast<int>(c.num_kv_heads),
-                                            static_cast<int>(c.head_dim),
-                                            c.rope_style == RopeStyle::neox ? 0 : 1,
-                                            cache.k(layer),
-                                            cache.v(layer),
-                                            meta.slots};
-      if (L.qkv_bias || !kernels::cuda::step_fusion(kernels::cuda::StepFusion::rope) || !fused_rope(ctx, L.qkv, xn, rows, qkv, rope)) {
-        project(ctx, L.qkv, xn, rows, qkv);
-        if (L.qkv_bias) kernels::cuda::add_bias(qkv, L.qkv_bias, T, qkvw, s);
-        kernels::cuda::rope_write_kv(qkv, rope.positions, rope.inv_freq, T, rope.nq, rope.nkv, rope.hd, rope.rope_style,
-                                     rope.k_cache, rope.v_cache, rope.slot, s);
-      }
+      project(ctx, L.qkv, xn, rows, qkv);
+      if (L.qkv_bias) kernels::cuda::add_bias(qkv, L.qkv_bias, T, qkvw, s);
+      kernels::cuda::rope_write_kv(qkv, meta.pos, inv_freq_.as<float>(), T, static_cast<int>(c.num_heads),
+                                   static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim),
+                                   c.rope_style == RopeStyle::neox ? 0 : 1, cache.k_storage(layer), cache.v_storage(layer),
+                                   meta.slots, s, cache.dtype(), cache.k_scale(layer), cache.v_scale(layer));
       DeviceAttentionBatch b = attention_batch(layer, &cache, sh.width);
       if (qkvw % 8 != 0 || sh.prefill_rows > 0) {
         // The attention kernels read q 16 bytes at a time: rows of another length are packed densely first
@@ -431,18 +429,6 @@ class LlamaModel<cuda, Q, Attn> {
                     { Q::matmul_swiglu(ctx, w, x, rows, act) } -> std::same_as<bool>;
                   })
       return p.parts.size() == 1 && Q::matmul_swiglu(ctx, p.parts.front(), x, rows, act);
-    else
-      return false;
-  }
-
-  /// qkv = x·W_qkvᵀ with RoPE and the KV-cache write in one kernel, when the Quantizer has the optional hook
-  /// (`Q::matmul_rope`) and it takes this weight and batch; false (nothing done) otherwise.
-  bool fused_rope(CudaMatmulContext& ctx, const Projection& p, const bf16* x, std::int32_t rows, bf16* qkv,
-                  const kernels::cuda::RopeKvWrite& rope) {
-    if constexpr (requires(const linear& w) {
-                    { Q::matmul_rope(ctx, w, x, rows, qkv, rope) } -> std::same_as<bool>;
-                  })
-      return p.parts.size() == 1 && Q::matmul_rope(ctx, p.parts.front(), x, rows, qkv, rope);
     else
       return false;
   }

@@ -57,14 +57,6 @@ struct Bf16 {
                             std::uint16_t* y) {
     return detail::cuda_matmul_swiglu(ctx, w, x, rows, y);
   }
-
-  /// The optional RoPE hook: y = x·wᵀ for the stacked [q; k; v] weight, then RoPE and the KV-cache write, in
-  /// one kernel where one exists (bf16 weights at batch 1); false when it does not, and the caller runs
-  /// matmul + rope_write_kv.
-  static bool matmul_rope(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
-                          std::uint16_t* y, const kernels::cuda::RopeKvWrite& rope) {
-    return detail::cuda_matmul_rope(ctx, w, x, rows, y, rope);
-  }
 #endif
 };
 

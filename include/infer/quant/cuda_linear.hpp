@@ -134,19 +134,6 @@ inline bool cuda_matmul_swiglu(CudaMatmulContext& ctx, const CudaLinear& w, cons
   return true;
 }
 
-/// y[rows][w.out] = x·wᵀ followed by RoPE and the KV-cache write that `rope` describes, in one kernel when that
-/// would be cuda_matmul's GEMV (bf16 weights, rows <= kBf16GemvPreferredRows, w.out = rope.row_length());
-/// returns false, having done nothing, otherwise.
-inline bool cuda_matmul_rope(CudaMatmulContext& ctx, const CudaLinear& w, const std::uint16_t* x, std::int32_t rows,
-                             std::uint16_t* y, const kernels::cuda::RopeKvWrite& rope) {
-  const auto* wd = static_cast<const std::uint16_t*>(w.data);
-  if (w.type != DType::bf16 || rows < 1 || rows > kernels::cuda::kBf16GemvPreferredRows ||
-      w.out_features != rope.row_length() || !kernels::cuda::bf16_gemv_supports(wd, x, w.in_features))
-    return false;
-  kernels::cuda::bf16_gemv_rope(wd, x, rows, w.in_features, rope, y, ctx.stream);
-  return true;
-}
-
 }  // namespace infer::detail
 
 #endif  // INFER_HAVE_CUDA

@@ -25,7 +25,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -207,38 +206,6 @@ struct Fp8 {
       ctx.gemm->run_e4m3(codes, scales, w.q, w.scale, y, rows, w.out(), w.in(), ctx.stream);
   }
 
-  /// The optional RoPE hook (docs/policies.md): the QKV projection through the FP8 GEMV with RoPE and the
-  /// KV-cache write as its epilogue, where matmul would take the GEMV (rows <= kGemvMaxRows); false, having
-  /// done nothing, otherwise.
-  static bool matmul_rope(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
-                          std::uint16_t* y, const kernels::cuda::RopeKvWrite& rope) {
-    if (w.out() != rope.row_length()) return false;
-    const auto in = quantized_for_gemv(ctx, w, x, rows);
-    if (!in) return false;
-    kernels::cuda::fp8_gemv_rope(w.q, w.scale, in->codes, in->scales, rows, w.in(), rope, y, ctx.stream);
-    return true;
-  }
-
- private:
-  /// x's rows quantized into ctx's workspace, as matmul does, when the FP8 GEMV takes this call (rows <=
-  /// kGemvMaxRows, the operands it supports, a workspace large enough); nullopt, nothing enqueued, otherwise.
-  struct GemvInput {
-    const std::uint8_t* codes;
-    const float* scales;
-  };
-  static std::optional<GemvInput> quantized_for_gemv(CudaMatmulContext& ctx, const linear<cuda>& w,
-                                                     const std::uint16_t* x, std::int32_t rows) {
-    namespace kc = kernels::cuda;
-    if (rows < 1 || rows > kc::kGemvMaxRows || ctx.scratch == nullptr || ctx.scratch_elems * 2 < w.workspace_bytes(rows))
-      return std::nullopt;
-    auto* codes = reinterpret_cast<std::uint8_t*>(ctx.scratch);
-    if (!kc::fp8_gemv_supports(w.q, codes, w.in())) return std::nullopt;
-    auto* scales = reinterpret_cast<float*>(codes + w.scales_offset(rows));
-    kc::quantize_rows_e4m3(x, rows, w.in(), codes, scales, ctx.stream);
-    return GemvInput{codes, scales};
-  }
-
- public:
 #endif
 
   /// y[rows][w.out()] = e4m3(x)·s_x · (e4m3(w)·s_w)ᵀ, each row of x quantized with its own scale.

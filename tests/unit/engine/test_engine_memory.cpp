@@ -238,7 +238,7 @@ struct PoisonedDecoder {
   Inner inner;
   static PoisonedDecoder load(const ModelSource& s) { return PoisonedDecoder{Inner::load(s)}; }
   [[nodiscard]] const ModelConfig& config() const noexcept { return inner.config(); }
-  [[nodiscard]] std::size_t kv_bytes_per_token() const noexcept { return inner.kv_bytes_per_token(); }
+  [[nodiscard]] std::size_t kv_bytes_per_token(KvCacheDtype d) const noexcept { return inner.kv_bytes_per_token(d); }
   void forward(std::span<const ForwardChunk> chunks, KvCache<cpu>& cache, std::vector<float>& logits) {
     inner.forward(chunks, cache, logits);
     const auto vocab = static_cast<std::size_t>(config().vocab_size);

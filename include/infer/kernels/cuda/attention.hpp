@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// CUDA paged attention over the KV layout of the CPU engine: per layer, K and V each
-/// `[num_blocks][block_size][num_kv_heads][head_dim]` bf16, token `p` of sequence `s` in block
+/// `[num_blocks][block_size][num_kv_heads][head_dim]` bf16 (or e4m3 codes, value = code · scale, with
+/// KvCacheDtype::fp8_e4m3: the kernels widen them to bf16 as they load them), token `p` of sequence `s` in block
 /// `block_tables[s][p / block_size]` at row `p % block_size` (the same addressing as PagedKvView).
 ///
 /// Two entry points (kernels/cuda/paged_decode_attention.cu, kernels/cuda/paged_prefill_attention.cu):
@@ -21,13 +22,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "infer/memory/kv_dtype.hpp"
+
 #if defined(INFER_HAVE_CUDA)
 namespace infer::kernels::cuda {
 
 /// One layer of a batch of paged sequences, FlashInfer-style: plain pointers and sizes, all on the device.
 struct PagedKvBatch {
-  const std::uint16_t* k = nullptr;           ///< this layer's K storage (bf16 bits)
-  const std::uint16_t* v = nullptr;           ///< this layer's V storage (bf16 bits)
+  const void* k = nullptr;                    ///< this layer's K storage (bf16 bits, or e4m3 codes)
+  const void* v = nullptr;                    ///< this layer's V storage
   const std::int32_t* block_tables = nullptr;  ///< [num_seqs][max_blocks_per_seq], device
   const std::int32_t* seq_lens = nullptr;      ///< [num_seqs] tokens in the cache (incl. this step's), device
   std::int32_t num_seqs = 0;
@@ -35,6 +38,9 @@ struct PagedKvBatch {
   std::int32_t block_size = 0;
   std::int32_t num_kv_heads = 0;
   std::int32_t head_dim = 0;
+  KvCacheDtype kv_dtype = KvCacheDtype::automatic;  ///< automatic: bf16; fp8_e4m3: codes with these scales
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
 };
 
 /// How many thread blocks split each sequence's context in `paged_decode_attention` for this shape on the
@@ -47,18 +53,12 @@ struct PagedKvBatch {
 /// Bytes of f32 workspace `paged_decode_attention` needs for this shape (0 when it does not split).
 [[nodiscard]] std::size_t paged_decode_workspace_bytes(const PagedKvBatch& batch, int num_heads);
 
-/// Bytes at the front of that workspace which must be zero before the first call: the counters by which
-/// the last block of each sequence's splits finds that it is last and merges them. Every call leaves them
-/// zero again, so a workspace zeroed once when allocated (cudaMemset) serves any number of calls and any
-/// shape it is large enough for; the rest of it is scratch. 0 when the shape does not split.
-[[nodiscard]] std::size_t paged_decode_workspace_zeroed_bytes(const PagedKvBatch& batch, int num_heads);
-
 /// Decode attention: out[s][h][:] = softmax_p(q[s][h] · K[p] · scale) · V[p] over p < seq_lens[s], on the
 /// tensor cores (mma.sync, f32 accumulation; P·V exact to ~2^-16: kernels/cuda/paged_decode_attention.cu).
 /// One layer's K (and V) may span at most 64 GiB (32-bit offsets in 16-byte units).
 /// q and out are [num_seqs][num_heads][head_dim] bf16 on the device. `workspace` (device, f32) must hold
-/// at least `paged_decode_workspace_bytes(batch, num_heads)` bytes, its first
-/// `paged_decode_workspace_zeroed_bytes` zero (see there). A sequence with seq_len <= 0 gets zeros.
+/// at least `paged_decode_workspace_bytes(batch, num_heads)` bytes (scratch, no contents required). A
+/// sequence with seq_len <= 0 gets zeros.
 /// `q_row_stride`: elements from one sequence's q to the next (0: num_heads * head_dim, dense); a larger
 /// stride reads q where a fused QKV projection left it. A multiple of 8 (16-byte loads).
 void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, int num_heads, float scale,

@@ -44,12 +44,6 @@ void quantize_rows_e4m3(const float* x_f32, std::int64_t rows, std::int64_t K, s
 void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
               std::int64_t N, std::int64_t K, std::uint16_t* y_bf16, void* stream);
 
-/// RoPE and the KV-cache write fused into the FP8 QKV GEMV: fp8_gemv of the stacked [q; k; v] weight (N =
-/// rope.row_length() rows) followed by rope_write_kv(y, ..., T = M), bit for bit, in one kernel
-/// (kernels/cuda/rope_epilogue.cuh). Always the CUDA-core kernel. Errors as fp8_gemv's and rope_write_kv's.
-void fp8_gemv_rope(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
-                   std::int64_t K, const RopeKvWrite& rope, std::uint16_t* y_bf16, void* stream);
-
 /// Which kernel fp8_gemv runs, process-wide: `automatic` (the default) takes the environment variable
 /// INFER_FP8_GEMV, read once — `cuda_cores`, else the tensor cores. Returns the previous choice; takes
 /// effect at the next call (a captured CUDA graph keeps the kernel it captured). For tests and A/B runs.

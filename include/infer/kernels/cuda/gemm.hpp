@@ -171,13 +171,6 @@ Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path);
 void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x_bf16, int M, std::int64_t I,
                       std::int64_t K, std::uint16_t* y_bf16, void* stream);
 
-/// RoPE and the KV-cache write fused into the QKV GEMV: y[M][rope.row_length()] = x · W_qkvᵀ (the stacked
-/// [q; k; v] weight, K inputs), each value rounded to bf16, then q and k rotated in y and k, v written to
-/// the cache: bit for bit what bf16_gemv followed by rope_write_kv(y, ..., T = M) computes, in one kernel
-/// (kernels/cuda/rope_epilogue.cuh). Requirements and errors as bf16_gemv's and rope_write_kv's.
-void bf16_gemv_rope(const std::uint16_t* w_qkv, const std::uint16_t* x_bf16, int M, std::int64_t K,
-                    const RopeKvWrite& rope, std::uint16_t* y_bf16, void* stream);
-
 /// Whether `gguf_gemv` takes this weight type.
 [[nodiscard]] constexpr bool gemv_supports(DType type) noexcept {
   return type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_1 || type == DType::q4_k ||

@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "infer/memory/kv_dtype.hpp"
+
 namespace infer::kernels::cuda {
 
 /// out[i][:] = f32(table_bf16[ids[i]][:]) for i < n: the token embeddings into the f32 residual
@@ -48,46 +50,13 @@ void add_bf16_rmsnorm(float* residual, const std::uint16_t* delta_bf16, const fl
 /// any position below 2^16, which is how the tests compare them.
 /// rope_style: 0 = neox (pairs (i, i + hd/2)), 1 = interleaved (pairs (2i, 2i + 1)), as RopeStyle.
 /// hd must be even.
+/// An FP8 cache (kv_dtype fp8_e4m3) gets e4m3 codes instead of bf16 values: code = e4m3(value / scale)
+/// (round to nearest even, saturating at ±448, as __nv_cvt_float_to_fp8 and the CPU's f32_to_e4m3), value
+/// the bf16 result above, k_scale for K and v_scale for V (positive and finite).
 void rope_write_kv(std::uint16_t* qkv_bf16, const std::int32_t* positions, const float* inv_freq, std::int64_t T,
-                   int nq, int nkv, int hd, int rope_style, std::uint16_t* k_cache, std::uint16_t* v_cache,
-                   const std::int64_t* slot, void* stream);
-
-/// The fusions of 2026-12-06 still in the tree, each replacing kernels of a step: the decode attention's splits
-/// merged by their last block (else a merge kernel), and RoPE with the KV-cache write in the QKV GEMV (else
-/// rope_write_kv). Measured one at a time on an H100 (6f343e6, bench/results/gpu-2026-12-06b): merge 1-2% slower
-/// at batch 1, rope within ±0.5%; the FP8 SwiGLU epilogue (±0.5%) and the prefill attention reading q in place
-/// (no change in TTFT) were removed after that run.
-enum class StepFusion : unsigned { merge = 1, rope = 2 };
-
-/// Whether the step runs fusion `f`. Off unless INFER_STEP_FUSIONS (read once) names it: `1` for both, or a
-/// comma-separated list of `merge`, `rope`; or set_step_fusions(true). They are bit-identical or within the
-/// same bounds as what they replace. One A/B each: bench/gpu_suite.sh fusions-each. kernels/cuda/step_fusions.cu.
-[[nodiscard]] bool step_fusion(StepFusion f);
-/// Whether any of them is on.
-[[nodiscard]] bool step_fusions();
-/// Sets all of them on or off process-wide; returns whether any was on. Takes effect at the next launch (a
-/// captured CUDA graph keeps what it captured). For tests and A/B runs.
-bool set_step_fusions(bool on);
-
-/// rope_write_kv's arguments but the projection's output and T: what a QKV GEMV that fuses RoPE and the
-/// cache write as its epilogue (bf16_gemv_rope, fp8_gemv_rope) needs. Its token m is row m of the GEMV.
-struct RopeKvWrite {
-  const std::int32_t* positions = nullptr;  ///< [M]
-  const float* inv_freq = nullptr;          ///< [hd / 2]
-  int nq = 0, nkv = 0, hd = 0;
-  int rope_style = 0;  ///< 0 neox, 1 interleaved
-  std::uint16_t* k_cache = nullptr;
-  std::uint16_t* v_cache = nullptr;
-  const std::int64_t* slot = nullptr;  ///< [M]; negative: a padding token, nothing written to the cache
-
-  /// Values per token of the projection: (nq + 2 nkv) heads of hd.
-  [[nodiscard]] std::int64_t row_length() const noexcept { return static_cast<std::int64_t>(nq + 2 * nkv) * hd; }
-};
-
-/// Checks a RopeKvWrite as rope_write_kv checks its arguments (`who` names the caller in the message):
-/// InvalidArgument for a negative head count, an odd or out-of-range head_dim, an unknown style, a null
-/// pointer. kernels/cuda/rope_kv.cu.
-void check_rope_kv_write(const RopeKvWrite& rope, const char* who);
+                   int nq, int nkv, int hd, int rope_style, void* k_cache, void* v_cache, const std::int64_t* slot,
+                   void* stream, KvCacheDtype kv_dtype = KvCacheDtype::automatic, float k_scale = 1.0f,
+                   float v_scale = 1.0f);
 
 /// out[t][i] = bf16(silu(gate) * up) with gate = gate_up[t][i], up = gate_up[t][I + i] (the fused
 /// gate/up projection's output) and silu(g) = g / (1 + exp(-g)), computed in f32.
