@@ -296,13 +296,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
     const ChunkRows rows{sm_table, first_block, p.block_shift, block_mask, wend,
                          static_cast<std::uint32_t>(p.kv_heads * kRowUnits), static_cast<std::uint32_t>(kvh * kRowUnits)};
 
-    int base = wbeg + warp * kChunk;
-    if (base >= wend) continue;
-    Regs cur;
-    load_k<D>(kv_k, rows, base, g, t, cur);
-    load_v<D>(kv_v, rows, base, g, t, cur);
-    for (; base < wend; base += kWarps * kChunk) {
-      const int next = base + kWarps * kChunk;
+    int first = wbeg + warp * kChunk;  // this warp's first chunk
+    if (first >= wend) continue;
+    // One chunk of this warp: its scores, the softmax update and O += P·V from `cur`, whose K and V registers
+    // then take the chunk at `next` (as soon as each is used, so that it is in flight during the rest).
+    const auto step = [&](Regs& cur, const int base, const int next) {
       // S = Q·Kᵀ: n-tile h covers positions base + 8h .. +7.
       float s[2][4];
 #pragma unroll
@@ -364,6 +362,26 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
         mma_m16n8k16_bf16(o[j], va, lo0, lo1);
       }
       if (next < wend) load_v<D>(kv_v, rows, next, g, t, cur);
+    };
+    constexpr int kStride = kWarps * kChunk;  // positions from one of a warp's chunks to its next
+    Regs a;
+    load_k<D>(kv_k, rows, first, g, t, a);
+    load_v<D>(kv_v, rows, first, g, t, a);
+    if constexpr (!kFp8) {
+      for (; first < wend; first += kStride) step(a, first, first + kStride);
+    } else {
+      // An FP8 chunk is half a bf16 chunk's bytes: two chunks in flight (registers a and b, used in turn) keep
+      // as many bytes in flight per warp as the bf16 kernel does, in the registers it needs for one.
+      Regs b;
+      if (first + kStride < wend) {
+        load_k<D>(kv_k, rows, first + kStride, g, t, b);
+        load_v<D>(kv_v, rows, first + kStride, g, t, b);
+      }
+      for (; first < wend; first += 2 * kStride) {
+        step(a, first, first + 2 * kStride);
+        if (first + kStride >= wend) break;
+        step(b, first + kStride, first + 3 * kStride);
+      }
     }
   }  // table window
 

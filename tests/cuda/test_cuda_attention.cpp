@@ -539,13 +539,21 @@ double median_ms(Fn&& fn, int iters = 50) {
 /// One decode-attention shape over random bf16 K, V and q (scrambled block tables, every context full):
 /// prints time, K+V bytes read per second, and that rate over a device-to-device copy measured here
 /// (bytes read + written), the ceiling a bandwidth-bound kernel is held to.
-void bench_decode(int S, int L, int H, int KVH, int D, int BS, double copy_tbs) {
+/// `fp8`: the cache holds e4m3 codes (all 0x30, 0.5: a bandwidth figure needs no random values).
+void bench_decode(int S, int L, int H, int KVH, int D, int BS, double copy_tbs, bool fp8 = false) {
   const int MB = (L + BS - 1) / BS;
   const std::size_t blocks = static_cast<std::size_t>(S) * MB;
   const std::size_t kv_elems = blocks * BS * KVH * D;
-  test::DeviceMem dk(kv_elems * 2), dv(kv_elems * 2), dt(blocks * 4), dl(S * 4), dq(S * H * D * 2), dout(S * H * D * 2);
-  kc::fill_dummy_bf16(dk.as<std::uint16_t>(), kv_elems, 1, 0.0f, 1.0f, nullptr);
-  kc::fill_dummy_bf16(dv.as<std::uint16_t>(), kv_elems, 2, 0.0f, 1.0f, nullptr);
+  const std::size_t value_bytes = fp8 ? 1 : 2;
+  test::DeviceMem dk(kv_elems * value_bytes), dv(kv_elems * value_bytes), dt(blocks * 4), dl(S * 4), dq(S * H * D * 2),
+      dout(S * H * D * 2);
+  if (fp8) {
+    CUDA_REQUIRE(cudaMemset(dk.p, 0x30, kv_elems));
+    CUDA_REQUIRE(cudaMemset(dv.p, 0x30, kv_elems));
+  } else {
+    kc::fill_dummy_bf16(dk.as<std::uint16_t>(), kv_elems, 1, 0.0f, 1.0f, nullptr);
+    kc::fill_dummy_bf16(dv.as<std::uint16_t>(), kv_elems, 2, 0.0f, 1.0f, nullptr);
+  }
   kc::fill_dummy_bf16(dq.as<std::uint16_t>(), static_cast<std::size_t>(S) * H * D, 3, 0.0f, 1.0f, nullptr);
   std::mt19937 rng(7);
   std::vector<std::int32_t> ids(blocks);
@@ -553,19 +561,19 @@ void bench_decode(int S, int L, int H, int KVH, int D, int BS, double copy_tbs) 
   std::shuffle(ids.begin(), ids.end(), rng);
   upload(dt, ids);
   upload(dl, std::vector<std::int32_t>(static_cast<std::size_t>(S), L));
-  const kc::PagedKvBatch batch{dk.as<const std::uint16_t>(), dv.as<const std::uint16_t>(), dt.as<const std::int32_t>(),
-                               dl.as<const std::int32_t>(), S, MB, BS, KVH, D};
+  kc::PagedKvBatch batch{dk.p, dv.p, dt.as<const std::int32_t>(), dl.as<const std::int32_t>(), S, MB, BS, KVH, D};
+  if (fp8) batch.kv_dtype = KvCacheDtype::fp8_e4m3;
   const std::size_t ws = kc::paged_decode_workspace_bytes(batch, H);
   test::DeviceMem dws(ws);
-  CUDA_REQUIRE(cudaMemset(dws.p, 0, ws == 0 ? 16 : ws));  // the arrival counters start at zero
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const double med = median_ms([&] {
     kc::paged_decode_attention(batch, dq.as<const std::uint16_t>(), H, scale, dout.as<std::uint16_t>(), dws.as<float>(),
                                ws, nullptr);
   });
-  const double tbs = 2.0 * static_cast<double>(S) * L * KVH * D * 2.0 / (med * 1e-3) / 1e12;
-  std::printf("paged decode b%d ctx%d h%d/%d d%d block%d splits %d: median %.1f us, %.2f TB/s (K+V read), %.0f%% of copy\n",
-              S, L, H, KVH, D, BS, kc::paged_decode_num_splits(batch, H), med * 1e3, tbs, 100.0 * tbs / copy_tbs);
+  const double tbs = 2.0 * static_cast<double>(S) * L * KVH * D * static_cast<double>(value_bytes) / (med * 1e-3) / 1e12;
+  std::printf("paged decode%s b%d ctx%d h%d/%d d%d block%d splits %d: median %.1f us, %.2f TB/s (K+V read), %.0f%% of copy\n",
+              fp8 ? " (FP8 cache)" : "", S, L, H, KVH, D, BS, kc::paged_decode_num_splits(batch, H), med * 1e3, tbs,
+              100.0 * tbs / copy_tbs);
 }
 
 }  // namespace
@@ -586,6 +594,11 @@ TEST_CASE("CUDA paged decode attention bandwidth", "[cuda][attention][.bench]") 
   bench_decode(256, 256, 32, 8, 128, 16, copy_tbs);
   bench_decode(1024, 192, 32, 8, 128, 16, copy_tbs);  // the decode steps of 1024 x (128 in, 128 out), mid-way
   bench_decode(64, 2048, 9, 3, 64, 16, copy_tbs);  // SmolLM2's heads
+  // The FP8 cache: the same shapes reading half the bytes.
+  bench_decode(64, 2048, 32, 8, 128, 16, copy_tbs, true);
+  bench_decode(1, 640, 32, 8, 128, 16, copy_tbs, true);
+  bench_decode(256, 256, 32, 8, 128, 16, copy_tbs, true);
+  bench_decode(64, 2048, 9, 3, 64, 16, copy_tbs, true);
 }
 
 TEST_CASE("CUDA paged prefill attention throughput", "[cuda][attention][.bench]") {
