@@ -14,6 +14,7 @@
 /// `ldmatrix.x4` loads four 8x8 b16 matrices: lanes 8i..8i+7 give the row addresses of matrix i, and
 /// register i of every lane receives matrix i's (row g, cols 2t..2t+1); with `.trans` it receives
 /// (rows 2t and 2t+1, col g), i.e. the fragment of the transposed matrix.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -30,6 +31,16 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const std::uint
                                                   std::uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// The same with f16 inputs.
+__device__ __forceinline__ void mma_m16n8k16_f16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                                 std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -69,6 +80,21 @@ __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   std::uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
+}
+
+/// Two f32 -> one .b32 of two f16 (round to nearest even), `lo` in the low half.
+__device__ __forceinline__ std::uint32_t pack_f16x2(float lo, float hi) {
+  std::uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+/// The f16 in the low / high half of a .b32, as f32.
+__device__ __forceinline__ float lo_f16(std::uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+}
+__device__ __forceinline__ float hi_f16(std::uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
 }
 
 /// 2^x on the SFU (ex2.approx.ftz: ~2 ulp; 2^-inf = 0; results below 2^-126 flush to 0).

@@ -25,10 +25,13 @@
 // they hold cost a few percent: 3.81 TB/s with P in bf16 alone, 3.63-3.70 with both parts (H200).
 //
 // An FP8 cache (e4m3 codes, KvCacheDtype::fp8_e4m3): the same loads at half the bytes (8 of K per slice, D/8
-// of V per position), kept as codes in registers until the chunk is used, then widened to bf16 exactly: the
-// widening is kv_fp8.cuh's. K's scale is folded into
-// the softmax scale, V's applied to the output: the mma see the same values as a bf16 cache holding
-// code · scale, but for the scales' roundings.
+// of V per position), two chunks in flight per warp (as many bytes as the bf16 kernel's one), kept as codes
+// in registers until the chunk is used, then widened to f16 by one instruction per two codes (kv_fp8.cuh),
+// and the mma take f16: Q as f16 too (q · 2^-8, exact for every bf16 q whose magnitude is in [2^-6, 2^23]:
+// f16 holds bf16's 8 significant bits), P as two f16 parts. K's scale and the 2^8 are folded into the
+// softmax scale, V's applied to the output, so the scores and P·V are those of a bf16 cache holding code ·
+// scale, but for the scales' roundings. (Widening to bf16 instead took ~5 instructions per two codes, and the
+// kernel read 2.5 TB/s where the bf16 kernel reads 3.7: H200, 6fc447b.)
 //
 // Splits: the grid has a fixed number of splits per sequence (chosen on the host from the shapes, so a
 // CUDA graph can replay it), but the positions of a split are computed on the device from the sequence's
@@ -89,7 +92,7 @@ struct DecodeParams {
   int group;        ///< query heads per KV head
   int head_chunks;  ///< thread blocks per KV head along the group (group > kMaxGroup)
   int splits;
-  float scale_log2;  ///< scale · log2 e (· K's scale, kFp8)
+  float scale_log2;  ///< scale · log2 e (kFp8: · K's scale · 2^8, q being · 2^-8)
   float v_scale;     ///< V's scale (kFp8), else 1
 };
 
@@ -118,7 +121,7 @@ __device__ __forceinline__ uint2 load_nc(const uint2* p) {
 }
 
 /// The fragments one lane holds of a chunk's K rows and V rows (D = head dim), as loaded: bf16 values, or
-/// (kFp8) e4m3 codes, widened to bf16 by k_bf16 / v_bf16 when the chunk is used.
+/// (kFp8) e4m3 codes, widened to f16 by k_frag / v_frag when the chunk is used.
 template <int D, bool kFp8>
 struct ChunkRegs {
   static constexpr int kSlices = D / 32;  ///< K loads per position (16 bytes, FP8 8): 2 QK k-steps each
@@ -128,20 +131,17 @@ struct ChunkRegs {
   KLoad k[2][kSlices];  ///< K rows g and g + 8 of the chunk
   std::conditional_t<kFp8, std::uint32_t[4][kVCodeWords], uint4[4][kVLoads]> v;  ///< V rows 2t, 2t+1, 2t+8, 2t+9
 
-  __device__ __forceinline__ uint4 k_bf16(int h, int c) const {
-    if constexpr (kFp8) return kv_fp8::widen8(k[h][c]);
+  /// K row h·8 + g's slice c as the mma takes it: bf16 values, or (kFp8) f16.
+  __device__ __forceinline__ uint4 k_frag(int h, int c) const {
+    if constexpr (kFp8) return kv_fp8::to_f16x8(k[h][c]);
     else return k[h][c];
   }
-  /// V row i's D/8 values as bf16 (kVLoads 16-byte pieces).
-  __device__ __forceinline__ void v_bf16(int i, uint4 (&out)[kVLoads]) const {
+  /// V row i's D/8 values as the mma takes them (kVLoads 16-byte pieces): bf16, or (kFp8) f16.
+  __device__ __forceinline__ void v_frag(int i, uint4 (&out)[kVLoads]) const {
 #pragma unroll
     for (int c = 0; c < kVLoads; ++c) {
-      if constexpr (kFp8) {
-        out[c] = make_uint4(kv_fp8::widen2(v[i][2 * c], 0), kv_fp8::widen2(v[i][2 * c], 2),
-                            kv_fp8::widen2(v[i][2 * c + 1], 0), kv_fp8::widen2(v[i][2 * c + 1], 2));
-      } else {
-        out[c] = v[i][c];
-      }
+      if constexpr (kFp8) out[c] = kv_fp8::to_f16x8(make_uint2(v[i][2 * c], v[i][2 * c + 1]));
+      else out[c] = v[i][c];
     }
   }
 };
@@ -164,6 +164,26 @@ struct ChunkRows {
     return row * row_units + head_units;
   }
 };
+
+/// D += A·B on the tensor cores in the kernel's input type: f16 (kFp8) or bf16.
+template <bool kFp8>
+__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  if constexpr (kFp8) detail::mma_m16n8k16_f16(d, a, b0, b1);
+  else mma_m16n8k16_bf16(d, a, b0, b1);
+}
+
+/// P's two parts in the kernel's input type: hi = P rounded, lo = what that left (P = hi + lo to ~2^-16 in
+/// bf16, ~2^-22 in f16), each a .b32 of two values.
+template <bool kFp8>
+__device__ __forceinline__ void split_p(float p0, float p1, std::uint32_t& hi, std::uint32_t& lo) {
+  if constexpr (kFp8) {
+    hi = detail::pack_f16x2(p0, p1);
+    lo = detail::pack_f16x2(p0 - detail::lo_f16(hi), p1 - detail::hi_f16(hi));
+  } else {
+    hi = pack_bf16x2(p0, p1);
+    lo = pack_bf16x2(p0 - lo_bf16(hi), p1 - hi_bf16(hi));
+  }
+}
 
 /// K for S = Q·Kᵀ: B fragment of k-step s holds K[pos g][logical dims 2t, 2t+1] (b0) and [2t+8, 2t+9] (b1).
 /// Logical dims of k-step 2c + s are mapped to physical dims c*32 + t*8 + 4s + {0, 1, 2, 3}, so lane (g, t)
@@ -273,6 +293,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
       qa[2 * c + 1][0] = raw[c].z;
       qa[2 * c + 1][1] = raw[c].w;
     }
+    if constexpr (kFp8) {  // f16 · 2^-8 (the scale has the 2^8): exact for bf16 magnitudes in [2^-6, 2^23]
+#pragma unroll
+      for (int k = 0; k < kKSteps; ++k)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          qa[k][i] = detail::pack_f16x2(lo_bf16(qa[k][i]) * 0.00390625f, hi_bf16(qa[k][i]) * 0.00390625f);
+    }
   }
 
   // This lane's online-softmax state for head g (m, its share of l) and Oᵀ for heads 2t, 2t+1.
@@ -308,11 +335,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
         s[h][0] = s[h][1] = s[h][2] = s[h][3] = 0.0f;
 #pragma unroll
         for (int c = 0; c < kSlices; ++c) {
-          const uint4 kb = cur.k_bf16(h, c);
+          const uint4 kb = cur.k_frag(h, c);
           const std::uint32_t a0[4] = {qa[2 * c][0], 0u, qa[2 * c][1], 0u};
-          mma_m16n8k16_bf16(s[h], a0, kb.x, kb.y);
+          mma<kFp8>(s[h], a0, kb.x, kb.y);
           const std::uint32_t a1[4] = {qa[2 * c + 1][0], 0u, qa[2 * c + 1][1], 0u};
-          mma_m16n8k16_bf16(s[h], a1, kb.z, kb.w);
+          mma<kFp8>(s[h], a1, kb.z, kb.w);
         }
       }
       if (next < wend) load_k<D>(kv_k, rows, next, g, t, cur);  // K's registers are free again
@@ -347,19 +374,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) paged_decode_kernel
         o[j][3] *= c1;
       }
       // Oᵀ += Vᵀ·Pᵀ: Pᵀ's B fragment is (positions 2t, 2t+1 | 2t+8, 2t+9) x head g, i.e. this lane's p.
-      // P = hi + lo in bf16 (see the top of the file).
-      const std::uint32_t hi0 = pack_bf16x2(pr[0], pr[1]), hi1 = pack_bf16x2(pr[2], pr[3]);
-      const std::uint32_t lo0 = pack_bf16x2(pr[0] - lo_bf16(hi0), pr[1] - hi_bf16(hi0));
-      const std::uint32_t lo1 = pack_bf16x2(pr[2] - lo_bf16(hi1), pr[3] - hi_bf16(hi1));
+      // P = hi + lo (see the top of the file).
+      std::uint32_t hi0, hi1, lo0, lo1;
+      split_p<kFp8>(pr[0], pr[1], hi0, lo0);
+      split_p<kFp8>(pr[2], pr[3], hi1, lo1);
       uint4 vb[4][Regs::kVLoads];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cur.v_bf16(i, vb[i]);
+      for (int i = 0; i < 4; ++i) cur.v_frag(i, vb[i]);
 #pragma unroll
       for (int j = 0; j < kMTiles; ++j) {
         const std::uint32_t va[4] = {pair(vb[0], vb[1], j), pair(vb[0], vb[1], kMTiles + j),
                                      pair(vb[2], vb[3], j), pair(vb[2], vb[3], kMTiles + j)};
-        mma_m16n8k16_bf16(o[j], va, hi0, hi1);
-        mma_m16n8k16_bf16(o[j], va, lo0, lo1);
+        mma<kFp8>(o[j], va, hi0, hi1);
+        mma<kFp8>(o[j], va, lo0, lo1);
       }
       if (next < wend) load_v<D>(kv_v, rows, next, g, t, cur);
     };
@@ -633,7 +660,7 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
   p.group = group;
   p.head_chunks = (group + kMaxGroup - 1) / kMaxGroup;
   p.splits = splits;
-  p.scale_log2 = scale * kLog2e * (fp8 ? batch.k_scale : 1.0f);
+  p.scale_log2 = scale * kLog2e * (fp8 ? batch.k_scale * 256.0f : 1.0f);  // FP8: q · 2^-8 in the kernel
   p.v_scale = fp8 ? batch.v_scale : 1.0f;
 
   auto s = static_cast<cudaStream_t>(stream);
