@@ -317,37 +317,39 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
     // nothing to O): branch-free, their address is that of position `last`, and nothing is read from it.
     // FP8: chunk c of a row's codes lands in the row's upper half (bytes D + 16 + 16c: the row is D·2 + 16
     // bytes), widened into the bf16 half by widen_kv.
+    // The cache row (all KV heads) of tile t's row r, in values from the layer's start to this KV head's, and
+    // whether it is a position the tile may see.
+    const auto head_row = [&](int t, int r, bool& ok) {
+      const int kp = t * BK + r;
+      ok = kp <= last;
+      const int kc = min(kp, last);
+      const auto blk = static_cast<std::size_t>(__ldg(table + (kc >> p.block_shift)));
+      const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kc & block_mask);
+      return (row * static_cast<std::size_t>(p.kv_heads) + static_cast<std::size_t>(kvh)) * D;
+    };
     const auto load_kv = [&](int t, int st) {
       if constexpr (kFp8) {
         const int c = tid % NC8;
 #pragma unroll
         for (int i = 0; i < KV8_PER_THREAD; ++i) {
           const int r = tid / NC8 + i * KV8_ROW_STEP;
-          const int kp = t * BK + r;
-          const bool ok = kp <= last;
-          const int kc = min(kp, last);
-          const auto blk = static_cast<std::size_t>(__ldg(table + (kc >> p.block_shift)));
-          const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kc & block_mask);
-          const std::size_t off = (row * static_cast<std::size_t>(p.kv_heads) + static_cast<std::size_t>(kvh)) * D + c * 16;
+          bool ok;
+          const std::size_t off = head_row(t, r, ok) + c * 16;
           const std::uint32_t so = static_cast<std::uint32_t>(st * T::kKvTileBytes + r * (D * 2 + 16) + D + 16 + c * 16);
           cp_async_16(sk + so, static_cast<const std::uint8_t*>(p.k) + off, ok);
           cp_async_16(sv + so, static_cast<const std::uint8_t*>(p.v) + off, ok);
         }
-        return;
-      }
-      const int c = tid % NC;
+      } else {
+        const int c = tid % NC;
 #pragma unroll
-      for (int i = 0; i < KV_PER_THREAD; ++i) {
-        const int r = tid / NC + i * KV_ROW_STEP;
-        const int kp = t * BK + r;
-        const bool ok = kp <= last;
-        const int kc = min(kp, last);
-        const auto blk = static_cast<std::size_t>(__ldg(table + (kc >> p.block_shift)));
-        const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kc & block_mask);
-        const std::size_t off = (row * static_cast<std::size_t>(p.kv_heads) + static_cast<std::size_t>(kvh)) * D + c * 8;
-        const std::uint32_t so = static_cast<std::uint32_t>(st * T::kKvTileBytes) + tile_off<D>(r, c);
-        cp_async_16(sk + so, static_cast<const std::uint16_t*>(p.k) + off, ok);
-        cp_async_16(sv + so, static_cast<const std::uint16_t*>(p.v) + off, ok);
+        for (int i = 0; i < KV_PER_THREAD; ++i) {
+          const int r = tid / NC + i * KV_ROW_STEP;
+          bool ok;
+          const std::size_t off = head_row(t, r, ok) + c * 8;
+          const std::uint32_t so = static_cast<std::uint32_t>(st * T::kKvTileBytes) + tile_off<D>(r, c);
+          cp_async_16(sk + so, static_cast<const std::uint16_t*>(p.k) + off, ok);
+          cp_async_16(sv + so, static_cast<const std::uint16_t*>(p.v) + off, ok);
+        }
       }
     };
     // FP8: stage `st`'s codes -> its bf16 rows. Each thread widens the chunks it copied itself (complete after
