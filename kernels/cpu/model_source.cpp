@@ -7,10 +7,12 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
 #include "infer/core/error.hpp"
+#include "infer/core/half.hpp"
 #include "infer/io/engine_file.hpp"
 #include "infer/io/gguf.hpp"
 #include "infer/io/safetensors.hpp"
@@ -231,6 +233,49 @@ WeightTensor ModelSource::get(std::string_view role) const {
 }
 
 std::string ModelSource::file_name(std::string_view role) const { return impl_->name_of(parse_role(role)); }
+
+namespace {
+
+/// A checkpoint's scalar scale tensor as f32 (F32, BF16 or F16; shape [] or [1]): FormatError naming it unless
+/// it holds one positive finite value.
+float scalar_scale(const safetensors::Tensor& t, const std::string& where) {
+  float v = 0.0f;
+  if (t.elements() == 1 && t.dtype == DType::f32 && t.data.size() == 4) {
+    std::memcpy(&v, t.data.data(), 4);
+  } else if (t.elements() == 1 && (t.dtype == DType::bf16 || t.dtype == DType::f16) && t.data.size() == 2) {
+    std::uint16_t h = 0;
+    std::memcpy(&h, t.data.data(), 2);
+    v = t.dtype == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+  } else {
+    throw FormatError(cat("KV-cache scale '", t.name, "' in ", where, " is not one f32, bf16 or f16 value (",
+                          name(t.dtype), ", ", t.elements(), " values)"));
+  }
+  if (!(v > 0.0f) || !std::isfinite(v))
+    throw FormatError(cat("KV-cache scale '", t.name, "' in ", where, " is ", v, "; it must be positive and finite"));
+  return v;
+}
+
+}  // namespace
+
+std::optional<ModelSource::KvScales> ModelSource::kv_cache_scales(std::int64_t layer) const {
+  if (layer < 0 || layer >= impl_->config.num_layers)
+    throw InvalidArgument(cat("ModelSource::kv_cache_scales: layer ", layer, " is out of range [0, ",
+                              impl_->config.num_layers, ")"));
+  if (!impl_->checkpoint) return std::nullopt;  // GGUF, dummy models, engine files: none
+  const std::string attn = cat("model.layers.", layer, ".self_attn.");
+  // ModelOpt puts them on the projections, compressed-tensors and vLLM on the attention module.
+  for (const auto& [k_name, v_name] : {std::pair{attn + "k_proj.k_scale", attn + "v_proj.v_scale"},
+                                       std::pair{attn + "k_scale", attn + "v_scale"}}) {
+    const safetensors::Tensor* k = impl_->checkpoint->find(k_name);
+    const safetensors::Tensor* v = impl_->checkpoint->find(v_name);
+    if (!k && !v) continue;
+    if (!k || !v)
+      throw FormatError(cat(describe(), " has '", k ? k_name : v_name, "' but not '", k ? v_name : k_name,
+                            "': an FP8 KV cache needs both scales of a layer"));
+    return KvScales{scalar_scale(*k, describe()), scalar_scale(*v, describe())};
+  }
+  return std::nullopt;
+}
 
 const Tokenizer* ModelSource::tokenizer() const noexcept { return impl_->tokenizer ? &*impl_->tokenizer : nullptr; }
 

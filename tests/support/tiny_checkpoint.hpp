@@ -18,9 +18,10 @@ namespace infer::test {
 /// A copy of the tiny Llama fixture's folder whose linear layers are given by `linear(name, f32 values,
 /// out, in)` (returning the entries to write for that weight); every other tensor as f32. The LM head is
 /// written as f32 too, as quantized checkpoints ship it (GPTQ, AWQ, ModelOpt and compressed-tensors leave
-/// `lm_head` out), unless `quantized_head`.
+/// `lm_head` out), unless `quantized_head`. `extra`: more tensors to write (e.g. KV-cache scales).
 template <class F>
-std::filesystem::path rewrite_tiny_llama(const std::string& dir_name, F&& linear, bool quantized_head = false) {
+std::filesystem::path rewrite_tiny_llama(const std::string& dir_name, F&& linear, bool quantized_head = false,
+                                         std::vector<SafetensorsEntry> extra = {}) {
   const ModelSource src = ModelSource::open(fixture("tiny_llama"));
   const ModelConfig& c = src.config();
   const auto dir = std::filesystem::temp_directory_path() / dir_name;
@@ -48,6 +49,7 @@ std::filesystem::path rewrite_tiny_llama(const std::string& dir_name, F&& linear
     for (const char* n : {"attn_norm", "ffn_norm"}) add(role(n), false);
     for (const char* n : {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) add(role(n), true);
   }
+  for (auto& e : extra) entries.push_back(std::move(e));
   write_safetensors(dir / "model.safetensors", entries);
   return dir;
 }

@@ -177,6 +177,11 @@ class Engine {
     }
     sampler_ = Sampler(eos_id_);
     if constexpr (kBoundsFromAllocator && requires { model_.reserve(step_bounds()); }) model_.reserve(step_bounds());
+    // An FP8 cache takes the checkpoint's K/V scales where it ships them (1.0 otherwise, as vLLM), before the
+    // GPU model captures graphs that carry them.
+    if (options_.kv_cache_dtype == KvCacheDtype::fp8_e4m3)
+      for (std::int32_t l = 0; l < cache_.num_layers(); ++l)
+        if (const auto s = source_->kv_cache_scales(l)) cache_.set_scales(l, s->k, s->v);
     if constexpr (requires { model_.prepare(cache_, max_model_len_, true); })
       model_.prepare(cache_, max_model_len_, !options_.enforce_eager);  // GPU: tables, workspace, graphs
   }

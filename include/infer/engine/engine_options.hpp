@@ -26,7 +26,8 @@ struct EngineOptions {
   std::int32_t max_model_len = 0;
   bool enable_prefix_caching = true;
   /// What the KV cache stores (vLLM's --kv-cache-dtype): `automatic`, the model's activation type (f32 on
-  /// the CPU, bf16 on the GPU), or `fp8_e4m3`, e4m3 codes with a scale per layer (kv_dtype.hpp): half of
+  /// the CPU, bf16 on the GPU), or `fp8_e4m3`, e4m3 codes with a K and a V scale per layer (the checkpoint's
+  /// where it ships them, else 1.0; kv_dtype.hpp): half of
   /// bf16's bytes, so twice the tokens in the same budget. Needs an attention kernel that reads it
   /// (reads_fp8_kv_cache in concepts.hpp; the built-in ones do).
   KvCacheDtype kv_cache_dtype = KvCacheDtype::automatic;

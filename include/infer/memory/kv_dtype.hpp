@@ -2,9 +2,9 @@
 /// \file
 /// `KvCacheDtype`: what the KV cache stores, as vLLM's `--kv-cache-dtype`. `automatic` keeps the model's
 /// activation type (f32 on the CPU, bf16 on the GPU); `fp8_e4m3` stores each K and V value as an e4m3 code
-/// of value / scale, with one scale for K and one for V per layer (1.0 unless set: vLLM's default for a
-/// checkpoint without calibrated scales). Half the bytes of bf16 per token, so twice the tokens in the same
-/// pool, and half the bytes the decode attention reads.
+/// of value / scale, with one scale for K and one for V per layer: the checkpoint's where it ships them
+/// (ModelSource::kv_cache_scales), else 1.0, as vLLM does. Half the bytes of bf16 per token, so twice the
+/// tokens in the same pool, and half the bytes the decode attention reads.
 ///
 /// Rounding: an e4m3 code keeps 4 significant bits, so a stored value is within 2^-4 of its magnitude
 /// (relative) from 2^-6 · scale up to 448 · scale, and within 2^-10 · scale absolute below that; values past

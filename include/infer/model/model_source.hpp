@@ -77,6 +77,15 @@ class ModelSource {
   /// The file's own name for canonical `role` (e.g. "model.layers.3.self_attn.q_proj.weight").
   [[nodiscard]] std::string file_name(std::string_view role) const;
 
+  /// The FP8 KV-cache scales a checkpoint ships for `layer` (value = e4m3 code · scale): ModelOpt's
+  /// `self_attn.k_proj.k_scale` / `self_attn.v_proj.v_scale`, or compressed-tensors' (and vLLM's)
+  /// `self_attn.k_scale` / `self_attn.v_scale`; nullopt when it ships none (GGUF files, dummy models and engine
+  /// files never do). FormatError for a malformed one: not a single positive finite value, or K's without V's.
+  struct KvScales {
+    float k = 1.0f, v = 1.0f;
+  };
+  [[nodiscard]] std::optional<KvScales> kv_cache_scales(std::int64_t layer) const;
+
   /// The tokenizer the model ships with; nullptr when it has none.
   [[nodiscard]] const Tokenizer* tokenizer() const noexcept;
 

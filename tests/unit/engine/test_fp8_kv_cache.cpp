@@ -5,6 +5,7 @@
 #include "engine_test_support.hpp"
 
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 
@@ -12,6 +13,7 @@
 #include "infer/attention/paged_attention.hpp"
 #include "infer/core/fp8.hpp"
 #include "support/test_seed.hpp"
+#include "support/tiny_checkpoint.hpp"
 
 using namespace infer;
 using namespace infer::test;
@@ -158,6 +160,79 @@ TEST_CASE("both engines run with an FP8 KV cache: equal tokens, every block retu
   WARN("tiny_llama, FP8 KV cache: " << same << " of " << total << " greedy tokens before the first difference from f32");
   check_all_blocks_free(paged);
   check_all_blocks_free(fixed);
+}
+
+/// The tiny Llama checkpoint (f32) with KV-cache scales under the given names: `names(layer)` gives the K and V
+/// tensors' names, `values` the scalars to write (F32, shape [] or [1]).
+std::filesystem::path with_kv_scales(const std::string& dir, const std::function<std::pair<std::string, std::string>(int)>& names,
+                                     const std::vector<float>& values, std::vector<std::uint64_t> shape = {}) {
+  std::vector<SafetensorsEntry> extra;
+  for (int l = 0; l < 2; ++l) {
+    const auto [k, v] = names(l);
+    if (!k.empty()) extra.push_back(SafetensorsEntry::of<float>(k, "F32", shape, std::span(&values[2 * l], shape.empty() ? 1 : shape[0])));
+    if (!v.empty()) extra.push_back(SafetensorsEntry::of<float>(v, "F32", shape, std::span(&values[2 * l + 1], shape.empty() ? 1 : shape[0])));
+  }
+  const auto f32 = [](const std::string& n, const std::vector<float>& w, std::int64_t out, std::int64_t in) {
+    return std::vector<SafetensorsEntry>{
+        SafetensorsEntry::of<float>(n, "F32", {static_cast<std::uint64_t>(out), static_cast<std::uint64_t>(in)}, w)};
+  };
+  return rewrite_tiny_llama(dir, f32, false, std::move(extra));
+}
+
+TEST_CASE("an FP8 KV cache takes a checkpoint's K/V scales (ModelOpt's and compressed-tensors' names)", "[engine][fp8][model]") {
+  const std::vector<float> scales = {0.5f, 0.25f, 0.125f, 2.0f};  // layer 0 K, V; layer 1 K, V
+  const auto modelopt = with_kv_scales("infer-kv-scales-modelopt", [](int l) {
+    const std::string a = detail::cat("model.layers.", l, ".self_attn.");
+    return std::pair{a + "k_proj.k_scale", a + "v_proj.v_scale"};
+  }, scales);
+  const auto compressed = with_kv_scales("infer-kv-scales-ct", [](int l) {
+    const std::string a = detail::cat("model.layers.", l, ".self_attn.");
+    return std::pair{a + "k_scale", a + "v_scale"};
+  }, scales);
+  EngineOptions fp8;
+  fp8.kv_cache_dtype = KvCacheDtype::fp8_e4m3;
+  fp8.static_shape = Shape{.max_batch = 2, .max_input = 16, .max_output = 12};
+  for (const auto& dir : {modelopt, compressed}) {
+    INFO(dir);
+    const ModelSource src = ModelSource::open(dir);
+    REQUIRE(src.kv_cache_scales(1).has_value());
+    CHECK(src.kv_cache_scales(1)->k == 0.125f);
+    CHECK(src.kv_cache_scales(1)->v == 2.0f);
+    PagedEngine<cpu> paged(dir, fp8);
+    StaticEngine<cpu, kShapeAtRuntime> fixed(dir, fp8);
+    for (std::int32_t l = 0; l < 2; ++l) {
+      CHECK(paged.kv_cache().k_scale(l) == scales[static_cast<std::size_t>(2 * l)]);
+      CHECK(paged.kv_cache().v_scale(l) == scales[static_cast<std::size_t>(2 * l + 1)]);
+      CHECK(fixed.kv_cache().k_scale(l) == scales[static_cast<std::size_t>(2 * l)]);
+    }
+    CHECK(run_batch(paged, tiny_prompts(), greedy_params(12)) == run_batch(fixed, tiny_prompts(), greedy_params(12)));
+    check_all_blocks_free(paged);
+  }
+  // The f32 fixture ships none; a GGUF file or a dummy model neither.
+  CHECK_FALSE(ModelSource::open(fixture("tiny_llama")).kv_cache_scales(0).has_value());
+  CHECK_THROWS_AS(ModelSource::open(modelopt).kv_cache_scales(2), InvalidArgument);
+}
+
+TEST_CASE("malformed KV-cache scales are refused with the tensor's name", "[engine][fp8][model][errors]") {
+  const auto names = [](int l) {
+    const std::string a = detail::cat("model.layers.", l, ".self_attn.");
+    return std::pair{a + "k_scale", a + "v_scale"};
+  };
+  EngineOptions fp8;
+  fp8.kv_cache_dtype = KvCacheDtype::fp8_e4m3;
+  const auto negative = with_kv_scales("infer-kv-scales-negative", names, {0.5f, -1.0f, 1.0f, 1.0f});
+  CHECK_THROWS_WITH(PagedEngine<cpu>(negative, fp8), Catch::Contains("model.layers.0.self_attn.v_scale") &&
+                                                         Catch::Contains("positive and finite"));
+  const auto vector = with_kv_scales("infer-kv-scales-vector", names, {1, 1, 1, 1, 1, 1, 1, 1}, {2});
+  CHECK_THROWS_WITH(ModelSource::open(vector).kv_cache_scales(0), Catch::Contains("not one f32"));
+  const auto half_pair = with_kv_scales("infer-kv-scales-half", [](int l) {
+    return std::pair{detail::cat("model.layers.", l, ".self_attn.k_scale"), std::string()};
+  }, {1, 1, 1, 1});
+  CHECK_THROWS_WITH(ModelSource::open(half_pair).kv_cache_scales(0),
+                    Catch::Contains("model.layers.0.self_attn.k_scale") && Catch::Contains("both scales"));
+  // An engine with the default cache never reads them.
+  PagedEngine<cpu> automatic(negative, EngineOptions{});
+  CHECK(automatic.kv_cache().dtype() == KvCacheDtype::automatic);
 }
 
 /// PagedAttention's CPU kernel under another name, without reads_fp8_kv_cache: what a research kernel that
