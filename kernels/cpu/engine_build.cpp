@@ -43,6 +43,12 @@ EngineBuildReport build_engine_file(const ModelSpec& spec, const LlmOptions& opt
   info.config = src.config();
   info.model = src.describe();
   info.model_name = spec.name();
+  // The FP8 KV-cache scales the checkpoint ships, for an engine that runs with --kv-cache-dtype fp8 later.
+  for (std::int64_t l = 0; l < info.config.num_layers; ++l)
+    if (const auto s = src.kv_cache_scales(l)) {
+      if (info.kv_cache_scales.empty()) info.kv_cache_scales.resize(static_cast<std::size_t>(info.config.num_layers), {1.0f, 1.0f});
+      info.kv_cache_scales[static_cast<std::size_t>(l)] = {s->k, s->v};
+    }
   if (backend == "cuda") {
 #if defined(INFER_HAVE_CUDA)
     return detail::build_cuda_engine_file(src, std::move(info), out);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -280,6 +281,19 @@ EngineFile EngineFile::open(const std::filesystem::path& path) {
     j.at("model_name").get_to(info.model_name);
     j.at("gemm_algorithms").get_to(info.gemm_algorithms);
     j.at("scalars").get_to(info.scalars);
+    if (j.contains("kv_cache_scales")) {
+      for (const auto& s : j.at("kv_cache_scales")) {
+        const auto k = s.at(0).get<float>(), v = s.at(1).get<float>();
+        if (!(k > 0.0f && v > 0.0f && std::isfinite(k) && std::isfinite(v)))
+          throw FormatError(cat("KV-cache scales ", k, ", ", v, " of layer ", info.kv_cache_scales.size(),
+                                " are not positive and finite"));
+        info.kv_cache_scales.emplace_back(k, v);
+      }
+      if (!info.kv_cache_scales.empty() &&
+          static_cast<std::int64_t>(info.kv_cache_scales.size()) != info.config.num_layers)
+        throw FormatError(cat(info.kv_cache_scales.size(), " layers of KV-cache scales for ", info.config.num_layers,
+                              " layers"));
+    }
     if (!j.at("tokenizer").is_null()) impl->tokenizer = tokenizer_from(j.at("tokenizer"), where);
     j.at("data_offset").get_to(impl->data_offset);
     for (const auto& p : j.at("parts"))
@@ -373,6 +387,7 @@ std::uint64_t EngineFileWriter::write(const std::filesystem::path& path, EngineF
             {"model_name", info.model_name},
             {"gemm_algorithms", info.gemm_algorithms},
             {"scalars", info.scalars},
+            {"kv_cache_scales", info.kv_cache_scales},
             {"tokenizer", tokenizer ? tokenizer_json(*tokenizer) : json(nullptr)},
             {"parts", std::move(table)},
             {"data_bytes", end},

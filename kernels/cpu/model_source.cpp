@@ -261,7 +261,12 @@ std::optional<ModelSource::KvScales> ModelSource::kv_cache_scales(std::int64_t l
   if (layer < 0 || layer >= impl_->config.num_layers)
     throw InvalidArgument(cat("ModelSource::kv_cache_scales: layer ", layer, " is out of range [0, ",
                               impl_->config.num_layers, ")"));
-  if (!impl_->checkpoint) return std::nullopt;  // GGUF, dummy models, engine files: none
+  if (impl_->engine) {  // what the checkpoint it was built from shipped
+    const auto& scales = impl_->engine->info().kv_cache_scales;
+    if (scales.empty()) return std::nullopt;
+    return KvScales{scales[static_cast<std::size_t>(layer)].first, scales[static_cast<std::size_t>(layer)].second};
+  }
+  if (!impl_->checkpoint) return std::nullopt;  // GGUF files and dummy models ship none
   const std::string attn = cat("model.layers.", layer, ".self_attn.");
   // ModelOpt puts them on the projections, compressed-tensors and vLLM on the attention module.
   for (const auto& [k_name, v_name] : {std::pair{attn + "k_proj.k_scale", attn + "v_proj.v_scale"},

@@ -73,6 +73,9 @@ struct EngineFileInfo {
   /// the CPU, whose GEMM has no algorithms to pick.
   std::map<std::string, std::string> gemm_algorithms;
   std::map<std::string, std::int64_t> scalars;  ///< `<role>.<member>` scalars of the weights' layout
+  /// The FP8 KV-cache scales the model shipped, {K, V} per layer (ModelSource::kv_cache_scales); empty when it
+  /// shipped none. Absent from the header of a file built before they were recorded: read as empty.
+  std::vector<std::pair<float, float>> kv_cache_scales;
 };
 
 /// One array of the weights, as the file's table lists it.

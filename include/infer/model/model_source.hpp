@@ -79,8 +79,9 @@ class ModelSource {
 
   /// The FP8 KV-cache scales a checkpoint ships for `layer` (value = e4m3 code · scale): ModelOpt's
   /// `self_attn.k_proj.k_scale` / `self_attn.v_proj.v_scale`, or compressed-tensors' (and vLLM's)
-  /// `self_attn.k_scale` / `self_attn.v_scale`; nullopt when it ships none (GGUF files, dummy models and engine
-  /// files never do). FormatError for a malformed one: not a single positive finite value, or K's without V's.
+  /// `self_attn.k_scale` / `self_attn.v_scale`, or an engine file's record of them; nullopt when it ships none
+  /// (GGUF files and dummy models never do). FormatError for a malformed one: not a single positive finite
+  /// value, or K's without V's.
   struct KvScales {
     float k = 1.0f, v = 1.0f;
   };

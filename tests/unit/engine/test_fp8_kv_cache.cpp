@@ -12,6 +12,7 @@
 #include "infer/attention/contiguous_attention.hpp"
 #include "infer/attention/paged_attention.hpp"
 #include "infer/core/fp8.hpp"
+#include "infer/engine/engine_build.hpp"
 #include "support/test_seed.hpp"
 #include "support/tiny_checkpoint.hpp"
 
@@ -211,6 +212,33 @@ TEST_CASE("an FP8 KV cache takes a checkpoint's K/V scales (ModelOpt's and compr
   // The f32 fixture ships none; a GGUF file or a dummy model neither.
   CHECK_FALSE(ModelSource::open(fixture("tiny_llama")).kv_cache_scales(0).has_value());
   CHECK_THROWS_AS(ModelSource::open(modelopt).kv_cache_scales(2), InvalidArgument);
+}
+
+TEST_CASE("an engine file keeps the checkpoint's KV-cache scales", "[engine][fp8][engine_file]") {
+  const std::vector<float> scales = {0.5f, 0.25f, 0.125f, 2.0f};
+  const auto dir = with_kv_scales("infer-kv-scales-for-file", [](int l) {
+    const std::string a = detail::cat("model.layers.", l, ".self_attn.");
+    return std::pair{a + "k_proj.k_scale", a + "v_proj.v_scale"};
+  }, scales);
+  const auto file = std::filesystem::temp_directory_path() / "infer-kv-scales.engine";
+  build_engine_file(ModelSpec{.model = dir}, LlmOptions{}, file);
+  const ModelSource src = ModelSource::open(file);
+  REQUIRE(src.engine_file() != nullptr);
+  REQUIRE(src.kv_cache_scales(1).has_value());
+  CHECK(src.kv_cache_scales(1)->k == 0.125f);
+  CHECK(src.kv_cache_scales(1)->v == 2.0f);
+  EngineOptions fp8;
+  fp8.kv_cache_dtype = KvCacheDtype::fp8_e4m3;
+  PagedEngine<cpu> engine(file, fp8);
+  CHECK(engine.kv_cache().k_scale(0) == 0.5f);
+  CHECK(engine.kv_cache().v_scale(0) == 0.25f);
+  CHECK(run_batch(engine, tiny_prompts(), greedy_params(4)).size() == 3);
+  // A model that ships none builds a file that records none.
+  const auto plain = std::filesystem::temp_directory_path() / "infer-kv-scales-none.engine";
+  build_engine_file(ModelSpec{.model = fixture("tiny_llama")}, LlmOptions{}, plain);
+  CHECK_FALSE(ModelSource::open(plain).kv_cache_scales(0).has_value());
+  std::filesystem::remove(file);
+  std::filesystem::remove(plain);
 }
 
 TEST_CASE("malformed KV-cache scales are refused with the tensor's name", "[engine][fp8][model][errors]") {
