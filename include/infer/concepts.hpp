@@ -54,6 +54,8 @@
 #include "infer/attention/device_batch.hpp"
 #include "infer/attention/kv_view.hpp"
 #include "infer/core/backend.hpp"
+#include "infer/core/error.hpp"
+#include "infer/memory/kv_dtype.hpp"
 #include "infer/memory/kv_stats.hpp"
 #include "infer/quant/weight_tensor.hpp"
 #include "infer/sched/sequence.hpp"
@@ -181,6 +183,16 @@ concept reads_fp8_kv_cache =
     (!std::same_as<B, cpu> ||
      requires(const AttentionShape& shape, const float* q, float* out, std::int32_t n,
               const typename K::template view<std::uint8_t>& kv) { K::attend(cpu{}, shape, q, out, n, n, kv); });
+
+/// InvalidArgument naming `who` and the kernel when a cache of `dtype` is asked of a kernel that cannot read
+/// it on B (every kernel reads the default cache): the one refusal the engine and the decoders share.
+template <class K, class B>
+void require_kv_cache_reader(KvCacheDtype dtype, std::string_view who) {
+  if constexpr (!reads_fp8_kv_cache<K, B>)
+    require<InvalidArgument>(dtype != KvCacheDtype::fp8_e4m3, who, ": kv_cache_dtype fp8_e4m3 needs an attention kernel ",
+                             "that reads an FP8 cache; '", K::name, "' declares no reads_fp8_kv_cache (concepts.hpp); ",
+                             "use kv_cache_dtype auto");
+}
 
 // ---- Quantizer --------------------------------------------------------------------------------------
 struct LinearRequest;  // quant/linear_request.hpp: a weight asked for by role, with its logical shape

@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <system_error>
 
 #include "infer/io/mapped_file.hpp"
+#include "infer/memory/kv_dtype.hpp"
 
 #if defined(INFER_HAVE_CUDA)
 #include "infer/backend/cuda_runtime.hpp"
@@ -284,7 +284,7 @@ EngineFile EngineFile::open(const std::filesystem::path& path) {
     if (j.contains("kv_cache_scales")) {
       for (const auto& s : j.at("kv_cache_scales")) {
         const auto k = s.at(0).get<float>(), v = s.at(1).get<float>();
-        if (!(k > 0.0f && v > 0.0f && std::isfinite(k) && std::isfinite(v)))
+        if (!valid_kv_scale(k) || !valid_kv_scale(v))
           throw FormatError(cat("KV-cache scales ", k, ", ", v, " of layer ", info.kv_cache_scales.size(),
                                 " are not positive and finite"));
         info.kv_cache_scales.emplace_back(k, v);

@@ -16,6 +16,7 @@
 #include "infer/io/engine_file.hpp"
 #include "infer/io/gguf.hpp"
 #include "infer/io/safetensors.hpp"
+#include "infer/memory/kv_dtype.hpp"
 #include "infer/model/dummy.hpp"
 #include "infer/model/gguf_config.hpp"
 #include "infer/model/hf_config.hpp"
@@ -250,7 +251,7 @@ float scalar_scale(const safetensors::Tensor& t, const std::string& where) {
     throw FormatError(cat("KV-cache scale '", t.name, "' in ", where, " is not one f32, bf16 or f16 value (",
                           name(t.dtype), ", ", t.elements(), " values)"));
   }
-  if (!(v > 0.0f) || !std::isfinite(v))
+  if (!valid_kv_scale(v))
     throw FormatError(cat("KV-cache scale '", t.name, "' in ", where, " is ", v, "; it must be positive and finite"));
   return v;
 }

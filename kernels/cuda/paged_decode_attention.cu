@@ -37,7 +37,6 @@
 // CUDA graph can replay it), but the positions of a split are computed on the device from the sequence's
 // actual length (split_length): a short context in a graph captured for long ones is still spread over
 // every split, instead of leaving all but the first split empty.
-//
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -514,10 +513,7 @@ void check(const PagedKvBatch& b, int num_heads) {
   if (static_cast<std::int64_t>(b.max_blocks_per_seq) * b.block_size > (std::int64_t{1} << 30))
     throw InvalidArgument(cat("cuda::paged_decode_attention: ", b.max_blocks_per_seq, " blocks of ", b.block_size,
                               " tokens exceed the 2^30 positions a sequence may have"));
-  if (b.kv_dtype == KvCacheDtype::fp8_e4m3 && !(b.k_scale > 0.0f && b.v_scale > 0.0f && b.k_scale < 3.0e38f &&
-                                                 b.v_scale < 3.0e38f))
-    throw InvalidArgument(cat("cuda::paged_decode_attention: FP8 cache scales ", b.k_scale, ", ", b.v_scale,
-                              " must be positive and finite"));
+  if (b.kv_dtype == KvCacheDtype::fp8_e4m3) require_kv_scales("cuda::paged_decode_attention", b.k_scale, b.v_scale);
   const int chunks = (num_heads / b.num_kv_heads + kMaxGroup - 1) / kMaxGroup;
   if (static_cast<std::int64_t>(b.num_kv_heads) * chunks > 65535)
     throw InvalidArgument(cat("cuda::paged_decode_attention: ", num_heads, " heads are too many"));

@@ -260,8 +260,7 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
   constexpr int NT = BK / 8;   // n8 tiles of S per m16 tile
   constexpr int DT = D / 8;    // n8 tiles of O per m16 tile
   constexpr int KS = D / 16;   // k16 steps of Q·Kᵀ
-  constexpr int KV_PER_THREAD = BK * NC / kThreads;
-  constexpr int KV_ROW_STEP = kThreads / NC;
+  constexpr int kValueBytes = kFp8 ? 1 : 2;  // of one cached value
   // FP8: 16-byte chunks of codes per row, and each thread's share of a tile's.
   constexpr int NC8 = D / 16;
   constexpr int KV8_PER_THREAD = BK * NC8 / kThreads;
@@ -313,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
     detail::cp_async_commit();
 
     // K/V tile `t` -> stage `st` (only called with last >= 0). Each thread copies the same chunk column of
-    // KV_PER_THREAD rows. Positions past `last` are zero-filled (their scores are masked, and 0·0 adds
+    // BK · chunks / kThreads rows. Positions past `last` are zero-filled (their scores are masked, and 0·0 adds
     // nothing to O): branch-free, their address is that of position `last`, and nothing is read from it.
     // FP8: chunk c of a row's codes lands in the row's upper half (bytes D + 16 + 16c: the row is D·2 + 16
     // bytes), widened into the bf16 half by widen_kv.
@@ -328,28 +327,17 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
       return (row * static_cast<std::size_t>(p.kv_heads) + static_cast<std::size_t>(kvh)) * D;
     };
     const auto load_kv = [&](int t, int st) {
-      if constexpr (kFp8) {
-        const int c = tid % NC8;
+      constexpr int kRowChunks = kFp8 ? NC8 : NC;  // 16-byte chunks of a row in the cache
+      const int c = tid % kRowChunks;
 #pragma unroll
-        for (int i = 0; i < KV8_PER_THREAD; ++i) {
-          const int r = tid / NC8 + i * KV8_ROW_STEP;
-          bool ok;
-          const std::size_t off = head_row(t, r, ok) + c * 16;
-          const std::uint32_t so = static_cast<std::uint32_t>(st * T::kKvTileBytes + r * (D * 2 + 16) + D + 16 + c * 16);
-          cp_async_16(sk + so, static_cast<const std::uint8_t*>(p.k) + off, ok);
-          cp_async_16(sv + so, static_cast<const std::uint8_t*>(p.v) + off, ok);
-        }
-      } else {
-        const int c = tid % NC;
-#pragma unroll
-        for (int i = 0; i < KV_PER_THREAD; ++i) {
-          const int r = tid / NC + i * KV_ROW_STEP;
-          bool ok;
-          const std::size_t off = head_row(t, r, ok) + c * 8;
-          const std::uint32_t so = static_cast<std::uint32_t>(st * T::kKvTileBytes) + tile_off<D>(r, c);
-          cp_async_16(sk + so, static_cast<const std::uint16_t*>(p.k) + off, ok);
-          cp_async_16(sv + so, static_cast<const std::uint16_t*>(p.v) + off, ok);
-        }
+      for (int i = 0; i < BK * kRowChunks / kThreads; ++i) {
+        const int r = tid / kRowChunks + i * (kThreads / kRowChunks);
+        bool ok;
+        const std::size_t off = (head_row(t, r, ok) + c * (16 / kValueBytes)) * kValueBytes;  // bytes
+        const std::uint32_t so = static_cast<std::uint32_t>(st * T::kKvTileBytes) +
+                                 (kFp8 ? static_cast<std::uint32_t>(r * (D * 2 + 16) + D + 16 + c * 16) : tile_off<D>(r, c));
+        cp_async_16(sk + so, static_cast<const unsigned char*>(p.k) + off, ok);
+        cp_async_16(sv + so, static_cast<const unsigned char*>(p.v) + off, ok);
       }
     };
     // FP8: stage `st`'s codes -> its bf16 rows. Each thread widens the chunks it copied itself (complete after
@@ -670,9 +658,7 @@ void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, 
     throw InvalidArgument(cat("cuda::paged_prefill_attention: max_blocks_per_seq = ", b.max_blocks_per_seq,
                               " must be positive and cover at most 2^30 positions"));
   const bool fp8 = b.kv_dtype == KvCacheDtype::fp8_e4m3;
-  if (fp8 && !(b.k_scale > 0.0f && b.v_scale > 0.0f && b.k_scale < 3.0e38f && b.v_scale < 3.0e38f))
-    throw InvalidArgument(cat("cuda::paged_prefill_attention: FP8 cache scales ", b.k_scale, ", ", b.v_scale,
-                              " must be positive and finite"));
+  if (fp8) require_kv_scales("cuda::paged_prefill_attention", b.k_scale, b.v_scale);
   if (b.num_seqs == 0) return;
   if (!b.k || !b.v || !b.block_tables || !q || !q_indptr || !q_start || !out)
     throw InvalidArgument(cat("cuda::paged_prefill_attention: null ",

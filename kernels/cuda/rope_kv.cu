@@ -233,8 +233,7 @@ void rope_write_kv(std::uint16_t* qkv_bf16, const std::int32_t* positions, const
     throw InvalidArgument(detail::cat(who, ": ", nq, " + ", nkv, " heads of ", hd,
                                       " values are more than one token's row of blocks can take"));
   const bool fp8 = kv_dtype == KvCacheDtype::fp8_e4m3;
-  if (fp8 && !(k_scale > 0.0f && v_scale > 0.0f && k_scale < 3.0e38f && v_scale < 3.0e38f))
-    throw InvalidArgument(detail::cat(who, ": FP8 cache scales ", k_scale, ", ", v_scale, " must be positive and finite"));
+  if (fp8) require_kv_scales(who, k_scale, v_scale);
   if (T == 0 || nq + nkv == 0) return;
   if (qkv_bf16 == nullptr) throw InvalidArgument(detail::cat(who, ": null qkv pointer for ", T, " tokens"));
   check_rope_pointers(r, who);

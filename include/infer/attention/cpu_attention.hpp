@@ -101,6 +101,7 @@ void attention(const AttentionShape& shape, const float* q, float* out, std::int
   static_assert(kCodes || std::is_same_v<Stored, float>, "cpu::attention reads f32 values or e4m3 codes");
   thread_local std::vector<float> decoded;
   const auto tile_values = static_cast<std::size_t>(KvTile) * static_cast<std::size_t>(D);
+  const float* e4m3_values = kCodes ? e4m3_table().data() : nullptr;  // every code's value
   if constexpr (kCodes) {
     if (decoded.size() < 2 * tile_values) decoded.resize(2 * tile_values);
   }
@@ -116,14 +117,13 @@ void attention(const AttentionShape& shape, const float* q, float* out, std::int
       const std::int32_t p1 = std::min(p0 + KvTile, end);
       for (std::int32_t p = p0; p < p1; ++p) {
         if constexpr (kCodes) {
-          const auto& table = e4m3_table();
           float* kd = decoded.data() + static_cast<std::size_t>(p - p0) * static_cast<std::size_t>(D);
           float* vd = kd + tile_values;
           const std::uint8_t* kc = kv.k_at(p, g);
           const std::uint8_t* vc = kv.v_at(p, g);
           for (std::int32_t d = 0; d < D; ++d) {
-            kd[d] = table[kc[d]] * kv.k_scale;
-            vd[d] = table[vc[d]] * kv.v_scale;
+            kd[d] = e4m3_values[kc[d]] * kv.k_scale;
+            vd[d] = e4m3_values[vc[d]] * kv.v_scale;
           }
           kp[p - p0] = kd;
           vp[p - p0] = vd;

@@ -467,19 +467,16 @@ class Engine {
     { s.bounds(a) } -> std::same_as<StepBounds>;
   };
 
-  /// The KV budget when options give none. A GPU model first reserves the activations of the largest
-  /// step, then says what gpu_memory_utilization leaves; the CPU takes a fixed default. A fixed-shape
-  /// allocator needs no budget (its shape says what it takes); its model reserves once the allocator exists.
   /// KV bytes a token takes in the cache this engine builds; InvalidArgument first when an FP8 cache is asked
   /// of an attention kernel that does not read one (concepts.hpp, reads_fp8_kv_cache).
   std::size_t kv_bytes_per_token() const {
-    if constexpr (!reads_fp8_kv_cache<Attn, B>)
-      require<InvalidArgument>(options_.kv_cache_dtype != KvCacheDtype::fp8_e4m3, "infer::Engine: kv_cache_dtype fp8_e4m3 ",
-                               "needs an attention kernel that reads an FP8 cache; '", Attn::name,
-                               "' declares no reads_fp8_kv_cache (concepts.hpp)");
+    require_kv_cache_reader<Attn, B>(options_.kv_cache_dtype, "infer::Engine");
     return model_.kv_bytes_per_token(options_.kv_cache_dtype);
   }
 
+  /// The KV budget when options give none. A GPU model first reserves the activations of the largest
+  /// step, then says what gpu_memory_utilization leaves; the CPU takes a fixed default. A fixed-shape
+  /// allocator needs no budget (its shape says what it takes); its model reserves once the allocator exists.
   std::size_t kv_budget() {
     if constexpr (kBoundsFromAllocator) {
       return 0;

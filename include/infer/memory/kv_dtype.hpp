@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
 #include "infer/core/error.hpp"
@@ -29,6 +30,15 @@ inline KvCacheDtype parse_kv_cache_dtype(std::string_view s) {
 
 inline std::string_view to_string(KvCacheDtype d) noexcept {
   return d == KvCacheDtype::fp8_e4m3 ? "fp8_e4m3" : "auto";
+}
+
+/// Whether `s` can scale e4m3 codes: positive and finite.
+constexpr bool valid_kv_scale(float s) noexcept { return s > 0.0f && s <= std::numeric_limits<float>::max(); }
+
+/// InvalidArgument naming `who` unless both scales are valid_kv_scale.
+inline void require_kv_scales(std::string_view who, float k_scale, float v_scale) {
+  require<InvalidArgument>(valid_kv_scale(k_scale) && valid_kv_scale(v_scale), who, ": FP8 KV-cache scales ", k_scale,
+                           ", ", v_scale, " must be positive and finite");
 }
 
 /// Bytes of one stored K or V value: `automatic_bytes` (the backend's own type) or 1 for e4m3.

@@ -75,9 +75,7 @@ class KvCache<cpu> {
   [[nodiscard]] float v_scale(std::int32_t layer) const { return v_scale_[index(layer)]; }
   /// Sets them (positive and finite, else InvalidArgument); codes already written keep the old ones' meaning.
   void set_scales(std::int32_t layer, float k, float v) {
-    require<InvalidArgument>(k > 0.0f && v > 0.0f && k < std::numeric_limits<float>::infinity() &&
-                                 v < std::numeric_limits<float>::infinity(),
-                             "KvCache::set_scales: layer ", layer, " scales ", k, ", ", v, " must be positive and finite");
+    require_kv_scales(detail::cat("KvCache::set_scales: layer ", layer), k, v);
     k_scale_[index(layer)] = k;
     v_scale_[index(layer)] = v;
   }

@@ -79,10 +79,7 @@ class KvCache<cuda> {
   /// Sets them (positive and finite, else InvalidArgument). A captured CUDA graph keeps the scales it captured:
   /// set them before the model's prepare().
   void set_scales(std::int32_t layer, float k, float v) {
-    require<InvalidArgument>(k > 0.0f && v > 0.0f && k < std::numeric_limits<float>::infinity() &&
-                                 v < std::numeric_limits<float>::infinity(),
-                             "KvCache<cuda>::set_scales: layer ", layer, " scales ", k, ", ", v,
-                             " must be positive and finite");
+    require_kv_scales(detail::cat("KvCache<cuda>::set_scales: layer ", layer), k, v);
     k_scale_[index(layer)] = k;
     v_scale_[index(layer)] = v;
   }

@@ -142,7 +142,7 @@ class LlamaModel<cpu, Q, Attn> {
       // (prefix-cache hit) blocks that another chunk of this same step writes.
       if (cache.dtype() == KvCacheDtype::fp8_e4m3) {
         if constexpr (reads_fp8_kv_cache<Attn, cpu>) attend_layer<std::uint8_t>(chunks, cache, layer);
-        else refuse_fp8_cache();
+        else require_kv_cache_reader<Attn, cpu>(cache.dtype(), "LlamaModel");  // throws
       } else {
         attend_layer<float>(chunks, cache, layer);
       }
@@ -191,6 +191,8 @@ class LlamaModel<cpu, Q, Attn> {
                                            shape_.num_kv_heads, shape_.head_dim);
       }
     };
+    // Codes of value · (1 / scale), as rope_write_kv writes them on the GPU.
+    const float ik = kCodes ? 1.0f / cache.k_scale(layer) : 1.0f, iv = kCodes ? 1.0f / cache.v_scale(layer) : 1.0f;
     std::int64_t first = 0;
     for (const auto& c : chunks) {
       const auto view = view_of(c);
@@ -200,7 +202,6 @@ class LlamaModel<cpu, Q, Attn> {
         for (std::int32_t h = 0; h < shape_.num_kv_heads; ++h) {
           const std::size_t off = r * static_cast<std::size_t>(kvs) + static_cast<std::size_t>(h) * D;
           if constexpr (kCodes) {
-            const float ik = 1.0f / view.k_scale, iv = 1.0f / view.v_scale;
             std::uint8_t* kd = view.k_at(c.start + i, h);
             std::uint8_t* vd = view.v_at(c.start + i, h);
             for (std::size_t d = 0; d < D; ++d) {
@@ -222,12 +223,6 @@ class LlamaModel<cpu, Q, Attn> {
                    c.start, n, view_of(c));
       first += n;
     }
-  }
-
-  [[noreturn]] static void refuse_fp8_cache() {
-    throw InvalidArgument(detail::cat("LlamaModel: the attention kernel '", Attn::name,
-                                      "' does not read an FP8 KV cache (it declares no reads_fp8_kv_cache; "
-                                      "concepts.hpp); use kv_cache_dtype auto"));
   }
 
   LlamaModel(const ModelConfig& c, LlamaWeights<Q, cpu> w)

@@ -109,10 +109,7 @@ class LlamaModel<cuda, Q, Attn> {
   /// Called once the cache exists: sizes the block tables for `max_model_len`, the decode workspace for
   /// every batch size, and captures the decode graphs (unless `cuda_graphs` is false).
   void prepare(KvCache<cuda>& cache, std::int32_t max_model_len, bool cuda_graphs) {
-    if constexpr (!reads_fp8_kv_cache<Attn, cuda>)
-      require<InvalidArgument>(cache.dtype() != KvCacheDtype::fp8_e4m3, "LlamaModel<cuda>: the attention kernel '",
-                               Attn::name, "' does not read an FP8 KV cache (it declares no reads_fp8_kv_cache; ",
-                               "concepts.hpp); use kv_cache_dtype auto");
+    require_kv_cache_reader<Attn, cuda>(cache.dtype(), "LlamaModel<cuda>");
     const auto t0 = std::chrono::steady_clock::now();
     const std::int32_t width = (max_model_len + cache.block_size() - 1) / cache.block_size();
     grow(cap_tokens_, cap_seqs_, width);
