@@ -69,6 +69,10 @@
 #                                (128 in / 32 out), a new connection per request and kept alive, against each.
 #                                Needs llama.cpp built and the files made first: ../shared/peers/prepare.sh here,
 #                                then on the device (carrying .xfer/peers) .xfer/peers/device.sh build and models
+#   bench/gpu_suite.sh peer-decode  issue 19's side by side on the same GGUF files (8B Q4_K_M, Q8_0, SmolLM2 Q4_1):
+#                                llama-bench against infer-bench-latency at batch 1, llama-batched-bench against
+#                                infer-bench-throughput at 1-64 sequences, ncu of infer's Q4_K_M decode step. Needs
+#                                llama.cpp and the files as peer-serve does
 # The default model must be at models/SmolLM2-135M-Instruct.Q4_1.gguf (on the device machine: staged with
 # ../shared/device/stage.sh and linked there). INFER_COMMIT names the commit in every JSON record.
 #
@@ -448,6 +452,33 @@ JSON
       wait $pid
       tail -3 "$log"
     done
+    ;;
+  peer-decode)  # issue 19: llama.cpp and infer on the same GGUF files, one after the other in one run: batch-1
+    # decode (llama-bench tg128 / pp512 against infer-bench-latency 512 + 128), batched decode at 1, 4, 16, 64
+    # sequences (llama-batched-bench against infer-bench-throughput, 128 in / 128 out), and ncu of infer's
+    # Q4_K_M decode step (each kernel alone) beside the copy rate
+    L=/root/lcp/llama.cpp/build/bin
+    [ -x $L/llama-bench ] && [ -f /root/peer/d8b-q4_k_m.gguf ] ||
+      { echo "peer-decode: no $L/llama-bench or /root/peer files; run .xfer/peers/device.sh build and models first" >&2; exit 2; }
+    for f in /root/peer/d8b-q4_k_m.gguf /root/peer/d8b-q8_0.gguf models/SmolLM2-135M-Instruct.Q4_1.gguf; do
+      tag=$(basename "$f" .gguf)
+      run $L/llama-bench -m "$f" -p 512 -n 128 -ngl 99 -fa 1 -r 3 -o json >"$out/llama-bench-$tag.json"
+      grep -E '"(n_prompt|n_gen|avg_ts)"' "$out/llama-bench-$tag.json" | tr -d ' \n'; echo
+      run "$bin"/infer-bench-latency --model "$f" --backend cuda --batch-size 1 --input-len 512 --output-len 128 \
+        --num-iters 5 --output-json "$out/latency-$tag-b1-512-128.json"
+    done
+    f=/root/peer/d8b-q4_k_m.gguf
+    run $L/llama-batched-bench -m $f -c 16384 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,4,16,64 -ngl 99 -fa on \
+      >"$out/llama-batched-bench-d8b-q4_k_m.txt" 2>&1
+    grep -E '^\|' "$out/llama-batched-bench-d8b-q4_k_m.txt"
+    for n in 1 4 16 64; do
+      run "$bin"/infer-bench-throughput --model $f --backend cuda --num-prompts $n --input-len 128 --output-len 128 \
+        --max-num-seqs $n --output-json "$out/throughput-d8b-q4_k_m-$n-128-128.json"
+    done
+    run ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --print-units base \
+      --log-file "$out/ncu-decode-b1-d8b-q4_k_m.csv" "$bin"/infer-bench-latency --model $f --backend cuda \
+      --batch-size 1 --input-len 512 --output-len 2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
+    python3 bench/ncu_summary.py "$out/ncu-decode-b1-d8b-q4_k_m.csv" | tee "$out/ncu-decode-b1-d8b-q4_k_m.txt"
     ;;
   connections)
     # The issue "The server holds under bursts, slow clients and hang-ups": on the H200, cpp-httplib's server

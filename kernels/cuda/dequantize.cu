@@ -57,6 +57,22 @@ __global__ void dequantize_blocks_kernel(const Block* __restrict__ src, Out* __r
   }
 }
 
+/// out[i][:] = row rows[i] of a [*, cols] block tensor, in f32: grid.y = the rows, threads over its groups.
+template <class Block>
+__global__ void dequantize_rows_kernel(const Block* __restrict__ src, const std::int32_t* __restrict__ rows,
+                                       std::int64_t cols, float* __restrict__ dst, bool vec) {
+  constexpr int groups = quant::BlockTraits<Block>::groups;
+  const std::int64_t row_groups = cols / quant::kGroupSize;
+  const std::int64_t i = blockIdx.y;
+  const Block* row = src + static_cast<std::int64_t>(rows[i]) * (cols / quant::BlockTraits<Block>::elems);
+  for (std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < row_groups;
+       g += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float v[quant::kGroupSize];
+    quant::dequantize_group(row[g / groups], static_cast<int>(g % groups), v);
+    store_group(dst + i * cols + g * quant::kGroupSize, v, vec);
+  }
+}
+
 struct DecodeF32 {
   using In = float;
   __device__ static float decode(float x) { return x; }
@@ -89,6 +105,14 @@ void launch_blocks(const void* src, Out* dst, std::size_t elems, cudaStream_t st
   const bool vec = reinterpret_cast<std::uintptr_t>(dst) % 16 == 0;
   dequantize_blocks_kernel<Block, Out>
       <<<grid_for(n_groups), kThreads, 0, stream>>>(static_cast<const Block*>(src), dst, n_groups, vec);
+}
+
+template <class Block>
+void launch_rows(const void* src, const std::int32_t* rows, std::int64_t n, std::int64_t cols, float* dst,
+                 cudaStream_t stream) {
+  const bool vec = reinterpret_cast<std::uintptr_t>(dst) % 16 == 0 && cols % 4 == 0;
+  const dim3 grid(grid_for(static_cast<std::size_t>(cols / quant::kGroupSize)), static_cast<unsigned>(n));
+  dequantize_rows_kernel<Block><<<grid, kThreads, 0, stream>>>(static_cast<const Block*>(src), rows, cols, dst, vec);
 }
 
 template <class Decode, class Out>
@@ -157,6 +181,38 @@ void dequantize(DType type, const void* src_device, float* dst_device, std::size
 
 void dequantize(DType type, const void* src_device, std::uint16_t* dst_device, std::size_t elems, void* stream) {
   run(type, src_device, dst_device, elems, stream, "bf16");
+}
+
+void dequantize_rows(DType type, const void* src_device, const std::int32_t* rows, std::int64_t n, std::int64_t cols,
+                     float* dst_device, void* stream_ptr) {
+  const DTypeInfo ti = info(type);
+  if (!ti.quantized)
+    throw UnsupportedError(detail::cat("cuda::dequantize_rows: type ", ti.name, " is not a GGUF block type"));
+  if (n < 0 || n > 65535 || cols < 1 || cols % ti.block_elems != 0)
+    throw InvalidArgument(detail::cat("cuda::dequantize_rows(", ti.name, "): bad shape n=", n, " cols=", cols,
+                                      " (n at most 65,535; cols a positive multiple of the block size ", ti.block_elems,
+                                      ")"));
+  if (n == 0) return;
+  if (src_device == nullptr || rows == nullptr || dst_device == nullptr)
+    throw InvalidArgument(detail::cat("cuda::dequantize_rows(", ti.name, "): null pointer"));
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  switch (type) {
+    case DType::q8_0: launch_rows<quant::BlockQ8_0>(src_device, rows, n, cols, dst_device, stream); break;
+    case DType::q4_0: launch_rows<quant::BlockQ4_0>(src_device, rows, n, cols, dst_device, stream); break;
+    case DType::q4_1: launch_rows<quant::BlockQ4_1>(src_device, rows, n, cols, dst_device, stream); break;
+    case DType::q5_0: launch_rows<quant::BlockQ5_0>(src_device, rows, n, cols, dst_device, stream); break;
+    case DType::q5_1: launch_rows<quant::BlockQ5_1>(src_device, rows, n, cols, dst_device, stream); break;
+    case DType::q4_k: launch_rows<quant::BlockQ4K>(src_device, rows, n, cols, dst_device, stream); break;
+    case DType::q5_k: launch_rows<quant::BlockQ5K>(src_device, rows, n, cols, dst_device, stream); break;
+    case DType::q6_k: launch_rows<quant::BlockQ6K>(src_device, rows, n, cols, dst_device, stream); break;
+    case DType::iq4_nl: launch_rows<quant::BlockIQ4NL>(src_device, rows, n, cols, dst_device, stream); break;
+    case DType::iq4_xs: launch_rows<quant::BlockIQ4XS>(src_device, rows, n, cols, dst_device, stream); break;
+    default: break;
+  }
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    throw DeviceError(detail::cat("cuda::dequantize_rows(", ti.name, "): kernel launch failed: ", cudaGetErrorName(err),
+                                  ": ", cudaGetErrorString(err)));
 }
 
 }  // namespace infer::kernels::cuda

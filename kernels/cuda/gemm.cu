@@ -71,7 +71,8 @@ struct Key {
   OutType out;
   std::uint32_t align_x, align_w, align_y;
   InType in = InType::bf16;
-  auto tie() const { return std::tie(m, n, k, out, align_x, align_w, align_y, in); }
+  std::int64_t ldy = 0;  ///< y's row stride in elements (0: n)
+  auto tie() const { return std::tie(m, n, k, out, align_x, align_w, align_y, in, ldy); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -188,7 +189,7 @@ struct Gemm::Impl {
                                         static_cast<std::uint64_t>(key.m), key.k),
              "cublasLtMatrixLayoutCreate(x)");
     check_lt(cublasLtMatrixLayoutCreate(&p.c, out_type, static_cast<std::uint64_t>(key.n),
-                                        static_cast<std::uint64_t>(key.m), key.n),
+                                        static_cast<std::uint64_t>(key.m), key.ldy > 0 ? key.ldy : key.n),
              "cublasLtMatrixLayoutCreate(y)");
     Preference pref;
     const std::uint64_t ws = workspace_bytes;
@@ -294,17 +295,19 @@ struct Gemm::Impl {
   }
 
   void run(const void* x, const void* w, void* y, OutType out, std::int64_t M, std::int64_t N, std::int64_t K,
-           float beta, void* stream) {
+           float beta, void* stream, std::int64_t ldy = 0) {
     const char* name = out == OutType::bf16 ? "bf16" : "f32";
     if (M < 0 || N < 0 || K < 1)
       throw InvalidArgument(detail::cat("cuda::Gemm::run(", name, " out): bad shape M=", M, " N=", N, " K=", K,
                                         " (need M, N >= 0 and K >= 1)"));
+    if (ldy != 0 && ldy < N)
+      throw InvalidArgument(detail::cat("cuda::Gemm::run(", name, " out): row stride ", ldy, " < N=", N));
     if (M == 0 || N == 0) return;
     if (x == nullptr || w == nullptr || y == nullptr)
       throw InvalidArgument(detail::cat("cuda::Gemm::run(", name, " out): null ",
                                         x == nullptr ? "x" : (w == nullptr ? "w" : "y"), " pointer for M=", M, " N=", N,
                                         " K=", K));
-    const Key key{M, N, K, out, alignment_of(x), alignment_of(w), alignment_of(y)};
+    const Key key{M, N, K, out, alignment_of(x), alignment_of(w), alignment_of(y), InType::bf16, ldy == N ? 0 : ldy};
     const Plan& p = plan(key, Operands{x, w, y, beta, static_cast<cudaStream_t>(stream)});
     const float alpha = 1.0f;
     check_lt(cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace,
@@ -349,8 +352,8 @@ void Gemm::run(const std::uint16_t* x, const std::uint16_t* w, std::uint16_t* y,
 }
 
 void Gemm::run(const std::uint16_t* x, const std::uint16_t* w, float* y, std::int64_t M, std::int64_t N,
-               std::int64_t K, float beta, void* stream) {
-  impl_->run(x, w, y, OutType::f32, M, N, K, beta, stream);
+               std::int64_t K, float beta, void* stream, std::int64_t ldy) {
+  impl_->run(x, w, y, OutType::f32, M, N, K, beta, stream, ldy);
 }
 
 void Gemm::run_e4m3(const std::uint8_t* x_q, const float* x_scale, const std::uint8_t* w_q, const float* w_scale,
@@ -381,6 +384,31 @@ void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16
     gguf_gemv(type, w_blocks, x_bf16, static_cast<int>(M), N, K, y_bf16, stream);
   else
     gguf_gemm(gemm, type, w_blocks, x_bf16, M, N, K, w_scratch_bf16, y_bf16, stream);
+}
+
+void gguf_logits(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
+                 std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::size_t scratch_elems, float* y_f32,
+                 void* stream) {
+  if (M >= 1 && M <= kGemvMaxRows && gemv_supports(type)) {
+    gguf_gemv(type, w_blocks, x_bf16, static_cast<int>(M), N, K, y_f32, stream);
+    return;
+  }
+  const DTypeInfo ti = info(type);
+  if (M < 0 || N < 0 || K < 1 || K % ti.block_elems != 0)
+    throw InvalidArgument(detail::cat("cuda::gguf_logits(", ti.name, "): bad shape M=", M, " N=", N, " K=", K));
+  if (M == 0 || N == 0) return;
+  const auto chunk = static_cast<std::int64_t>(scratch_elems / static_cast<std::size_t>(K));
+  if (w_scratch_bf16 == nullptr || chunk < 1)
+    throw InvalidArgument(detail::cat("cuda::gguf_logits(", ti.name, "): ", scratch_elems,
+                                      " bf16 values of scratch cannot hold one row of K=", K));
+  // Rows of blocks are independent: each chunk of rows is dequantized alone and multiplied into its columns.
+  const std::size_t row_bytes = *infer::row_bytes(type, static_cast<std::uint64_t>(K));
+  for (std::int64_t n0 = 0; n0 < N; n0 += chunk) {
+    const std::int64_t n = std::min(chunk, N - n0);
+    dequantize(type, static_cast<const std::byte*>(w_blocks) + static_cast<std::size_t>(n0) * row_bytes, w_scratch_bf16,
+               static_cast<std::size_t>(n) * static_cast<std::size_t>(K), stream);
+    gemm.run(x_bf16, w_scratch_bf16, y_f32 + n0, M, n, K, 0.0f, stream, N);
+  }
 }
 
 }  // namespace infer::kernels::cuda

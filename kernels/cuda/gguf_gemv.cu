@@ -1,19 +1,24 @@
-// Fused dequantize-GEMV on GGUF blocks for small batches: y[M][N] = x[M][K] · W[N][K]ᵀ, M = 1..8.
+// GEMV on GGUF blocks for small batches: y[M][N] = x[M][K] · W[N][K]ᵀ, M = 1..8, by integer dot products.
 //
-// Batch-1 decode reads every weight once per token, so this kernel is about moving block bytes at the
-// copy rate. Layout of the work:
+// Batch-1 decode reads every weight once per token, so this kernel is about decoding block bytes as fast as
+// memory delivers them. The float version widened each code to f32 and multiplied it by a bf16 activation
+// (~6 instructions a value) and read a third of the copy rate on Q4_K. Here x is quantized to int8 in blocks
+// of 32 (quant/gguf_dot.hpp: one f32 scale and the code sums per block) and each 32-value segment of a
+// weight block meets it in eight dp4a: about 1.5 instructions a value for 4-bit codes. Layout of the work:
 // - a CTA of 8 warps; each warp owns whole output rows (row = CTA * 8 + warp, strided by the grid, which
-//   is sized to fill the GPU once, so x is staged once per CTA and not once per row);
-// - x (M×K bf16) is copied to shared memory once per CTA when it fits (≤ 32 KiB), else read through L1;
+//   is sized to fill the GPU once, so x is quantized once per CTA and not once per row);
+// - the CTA first starts its weight copies, then quantizes x (M×K bf16) into shared memory: int8 codes and
+//   a Q8Scale per 32 values, 4 lanes per block with 16-byte loads; the codes equal quantize_q8_block's, the
+//   CPU reference, bit for bit (the same IEEE division and round-to-nearest-even);
 // - a warp streams its rows' blocks through a 3-stage ring of shared buffers with 16-byte `cp.async`
 //   copies (two steps of ~2 KiB in flight per warp while it decodes the third). A step is a whole number
-//   of blocks, so no block straddles two buffers; block sizes (34, 18, 20, 144, 210 bytes) do not keep
-//   16-byte alignment, so a step copies the aligned 16-byte chunks covering it, and the rare chunk
-//   reaching outside the tensor is copied 2 bytes at a time instead;
-// - a lane decodes one *segment* of 32 consecutive values (a Q8_0/Q4_0/Q4_1 block, a 32-value sub-block
-//   of Q4_K, two 16-value sub-blocks of Q6_K) into registers, and folds the scales out of the inner sum:
-//   Σ (a·q + b)·x = a·Σ q·x + b·Σ x, so the inner loop is one FMA per value and row;
-// - per-row partial sums are reduced across the warp with shuffles, f32 throughout, bf16 once at the end.
+//   of blocks, so no block straddles two buffers; block sizes (18-210 bytes) do not keep 16-byte alignment,
+//   so a step copies the aligned 16-byte chunks covering it, and the rare chunk reaching outside the tensor
+//   is copied 2 bytes at a time instead;
+// - a lane decodes one segment (quant::decode_segment) once for all M rows, and adds
+//   quant::segment_dot per row: integer sums, floats once per segment;
+// - per-row partial sums are reduced across the warp with shuffles, f32 throughout, rounded once at the end
+//   (bf16, or f32 for logits), written with a row stride so stacked parts land in their columns.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -22,7 +27,7 @@
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
-#include "infer/quant/gguf_blocks.hpp"
+#include "infer/quant/gguf_dot.hpp"
 #include "chained_launch.cuh"
 
 namespace infer::kernels::cuda {
@@ -31,45 +36,37 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStages = 3;
-/// x is staged in shared memory up to this size (M = 4 with K = 4096); beyond, it is read through L1
-/// (staging more would leave one CTA per multiprocessor: too few warps to hide memory latency).
-constexpr std::int64_t kMaxStagedX = 32 * 1024;
+/// The shared memory a CTA may have on sm_90 (227 KiB).
+constexpr std::int64_t kMaxSmem = 227 * 1024;
 
-/// Per-format constants: block bytes and values, 32-value segments per block, blocks per pipeline step
-/// (chosen so that a step is about 2 KiB), and whether values carry an additive min.
-template <DType T>
-struct Fmt;
-template <>
-struct Fmt<DType::q8_0> {
-  static constexpr int bytes = 34, elems = 32, segs = 1, step_blocks = 64;
-  static constexpr bool has_min = false;
-};
-template <>
-struct Fmt<DType::q4_0> {
-  static constexpr int bytes = 18, elems = 32, segs = 1, step_blocks = 128;
-  static constexpr bool has_min = false;
-};
-template <>
-struct Fmt<DType::q4_1> {
-  static constexpr int bytes = 20, elems = 32, segs = 1, step_blocks = 128;
-  static constexpr bool has_min = true;
-};
-template <>
-struct Fmt<DType::q4_k> {
-  static constexpr int bytes = 144, elems = 256, segs = 8, step_blocks = 16;
-  static constexpr bool has_min = true;
-};
-template <>
-struct Fmt<DType::q6_k> {
-  static constexpr int bytes = 210, elems = 256, segs = 8, step_blocks = 8;
-  static constexpr bool has_min = false;
-};
+/// Blocks per pipeline step, chosen so that a step is about 2 KiB.
+constexpr int step_blocks(DType t) {
+  switch (t) {
+    case DType::q8_0: return 64;    // 2176 bytes
+    case DType::q4_0:
+    case DType::iq4_nl: return 128;  // 2304
+    case DType::q4_1: return 128;    // 2560
+    case DType::q5_0: return 96;     // 2112
+    case DType::q5_1: return 96;     // 2304
+    case DType::q4_k: return 16;     // 2304
+    case DType::q5_k: return 12;     // 2112
+    case DType::q6_k: return 8;      // 1680 (Llama's K = 4096 is two steps)
+    case DType::iq4_xs: return 16;   // 2176
+    default: return 0;
+  }
+}
 
 /// Bytes of one pipeline buffer: a step's blocks, up to 15 bytes of alignment slack in front, the last
-/// chunk rounded up to 16, and 16 more so the word loads of `load_words` may read past the end.
-template <class F>
-constexpr int buf_bytes() {
-  return (F::step_blocks * F::bytes + 15 + 15) / 16 * 16 + 16;
+/// chunk rounded up to 16, and 16 more so load_le_words may read past the end.
+constexpr std::int64_t buf_bytes(DType t) {
+  return (step_blocks(t) * info(t).block_bytes + 15 + 15) / 16 * 16 + 16;
+}
+/// Shared memory of x for M rows: the codes, then one Q8Scale per 32 values, rounded up to 16.
+constexpr std::int64_t x_smem_bytes(int M, std::int64_t K) {
+  return (M * K + M * (K / quant::kQ8Block) * static_cast<std::int64_t>(sizeof(quant::Q8Scale)) + 15) / 16 * 16;
+}
+constexpr std::int64_t smem_bytes(DType t, int M, std::int64_t K) {
+  return x_smem_bytes(M, K) + kWarps * kStages * buf_bytes(t);
 }
 
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
@@ -82,114 +79,48 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-__device__ __forceinline__ float h2f(const unsigned char* p) {
-  return __half2float(__ushort_as_half(*reinterpret_cast<const std::uint16_t*>(p)));
-}
-
-/// NW little-endian 32-bit words starting at any byte address p (shared memory, readable 4 bytes past).
-template <int NW>
-__device__ __forceinline__ void load_words(const unsigned char* p, std::uint32_t (&w)[NW]) {
-  const auto addr = reinterpret_cast<std::uintptr_t>(p);
-  const auto* base = reinterpret_cast<const std::uint32_t*>(addr & ~std::uintptr_t{3});
-  const unsigned sh = static_cast<unsigned>(addr & 3u) * 8u;
-  std::uint32_t raw[NW + 1];
+/// x[MM][K] (bf16) into int8 codes xq[MM][K] and scales xs[MM][K/32], by the whole CTA: each thread takes 8
+/// values (one 16-byte load), 4 neighbouring lanes a block, and they agree on its maximum by shuffles.
+template <int MM>
+__device__ __forceinline__ void quantize_x(const std::uint16_t* __restrict__ x, std::int64_t K, std::int8_t* xq,
+                                           quant::Q8Scale* xs) {
+  const std::int64_t chunks = MM * K / 8;  // a multiple of 4: the lanes of a block are never split
+  for (std::int64_t base = 0; base < chunks; base += kThreads) {  // uniform trip count: full-warp shuffles
+    const std::int64_t c = base + threadIdx.x;
+    const bool ok = c < chunks;
+    float v[8];
+    float amax = 0.0f;
+    if (ok) {
+      const uint4 u = reinterpret_cast<const uint4*>(x)[c];
+      const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-  for (int i = 0; i < NW + 1; ++i) raw[i] = base[i];
+      for (int e = 0; e < 4; ++e) {
+        v[2 * e] = __uint_as_float(w[e] << 16);
+        v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+      }
+    } else {
 #pragma unroll
-  for (int i = 0; i < NW; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], sh);
-}
-
-/// v (< 2^23) as a float minus `bias`, exactly, without the slow integer-to-float conversion:
-/// 0x4B000000 | v is the float 2^23 + v.
-__device__ __forceinline__ float magic_float(std::uint32_t v, float bias) {
-  return __uint_as_float(0x4B000000u | v) - bias;
-}
-
-/// One decoded segment: value l = a0·q[l] + b for l < 16, a1·q[l] + b for l ≥ 16.
-struct Seg {
-  float q[32];
-  float a0, a1, b;
-};
-
-template <DType T>
-__device__ __forceinline__ void decode(const unsigned char* blk, int s, Seg& g);
-
-template <>
-__device__ __forceinline__ void decode<DType::q8_0>(const unsigned char* blk, int, Seg& g) {
-  g.a0 = g.a1 = h2f(blk);
-  g.b = 0.0f;
-  std::uint32_t w[8];
-  load_words<8>(blk + 2, w);
+      for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+    }
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    std::uint32_t packed[2] = {0u, 0u};
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      g.q[4 * i + k] = magic_float(((w[i] >> (8 * k)) & 0xffu) ^ 0x80u, 8388736.0f);  // (q + 128) - 128
-}
-
-template <>
-__device__ __forceinline__ void decode<DType::q4_0>(const unsigned char* blk, int, Seg& g) {
-  g.a0 = g.a1 = h2f(blk);
-  g.b = 0.0f;
-  std::uint32_t w[4];
-  load_words<4>(blk + 2, w);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const std::uint32_t byte = w[j / 4] >> (8 * (j % 4));
-    g.q[j] = magic_float(byte & 15u, 8388616.0f);  // q - 8
-    g.q[j + 16] = magic_float((byte >> 4) & 15u, 8388616.0f);
-  }
-}
-
-template <>
-__device__ __forceinline__ void decode<DType::q4_1>(const unsigned char* blk, int, Seg& g) {
-  g.a0 = g.a1 = h2f(blk);
-  g.b = h2f(blk + 2);
-  std::uint32_t w[4];
-  load_words<4>(blk + 4, w);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const std::uint32_t byte = w[j / 4] >> (8 * (j % 4));
-    g.q[j] = magic_float(byte & 15u, 8388608.0f);
-    g.q[j + 16] = magic_float((byte >> 4) & 15u, 8388608.0f);
-  }
-}
-
-template <>
-__device__ __forceinline__ void decode<DType::q4_k>(const unsigned char* blk, int s, Seg& g) {
-  const quant::ScaleMin sm = quant::unpack_scale_min_k4(s, blk + 4);
-  g.a0 = g.a1 = h2f(blk) * static_cast<float>(sm.scale);
-  g.b = -(h2f(blk + 2) * static_cast<float>(sm.min));
-  std::uint32_t w[8];
-  load_words<8>(blk + 16 + 32 * (s >> 1), w);
-  const unsigned shift = 4u * static_cast<unsigned>(s & 1);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const std::uint32_t v = w[i] >> shift;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) g.q[4 * i + k] = magic_float((v >> (8 * k)) & 15u, 8388608.0f);
-  }
-}
-
-template <>
-__device__ __forceinline__ void decode<DType::q6_k>(const unsigned char* blk, int s, Seg& g) {
-  const int half = s >> 2, quarter = s & 3;
-  std::uint32_t wl[8], wh[8];
-  load_words<8>(blk + 64 * half + 32 * (quarter & 1), wl);
-  load_words<8>(blk + 128 + 32 * half, wh);
-  const unsigned lshift = 4u * static_cast<unsigned>(quarter >> 1), hshift = 2u * static_cast<unsigned>(quarter);
-  const auto* scales = reinterpret_cast<const signed char*>(blk + 192);
-  const float d = h2f(blk + 208);
-  g.a0 = d * static_cast<float>(scales[8 * half + 2 * quarter]);
-  g.a1 = d * static_cast<float>(scales[8 * half + 2 * quarter + 1]);
-  g.b = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const std::uint32_t lo = wl[i] >> lshift, hi = wh[i] >> hshift;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const std::uint32_t q = ((lo >> (8 * k)) & 15u) | (((hi >> (8 * k)) & 3u) << 4);
-      g.q[4 * i + k] = magic_float(q, 8388640.0f);  // q - 32
+    for (int e = 0; e < 8; ++e) {
+      const int q = __float2int_rn(v[e] * id);
+      sum += q;
+      packed[e / 4] |= (static_cast<std::uint32_t>(q) & 0xffu) << (8 * (e % 4));
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);              // lanes 0-1 of the block: values 0-15
+    const int other = __shfl_xor_sync(0xffffffffu, sum, 2);  // lanes 2-3: values 16-31
+    if (ok) {
+      reinterpret_cast<uint2*>(xq)[c] = make_uint2(packed[0], packed[1]);
+      if ((threadIdx.x & 3u) == 0)
+        xs[c / 4] = quant::Q8Scale{amax / 127.0f, static_cast<std::int16_t>(sum), static_cast<std::int16_t>(other)};
     }
   }
 }
@@ -197,32 +128,26 @@ __device__ __forceinline__ void decode<DType::q6_k>(const unsigned char* blk, in
 template <DType T, int MM>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __restrict__ w,
                                                         const std::uint16_t* __restrict__ x, std::int64_t N,
-                                                        std::int64_t K, std::uint16_t* __restrict__ y, int stage_x) {
+                                                        std::int64_t K, void* __restrict__ y, std::int64_t ldy,
+                                                        int y_f32) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
-  using F = Fmt<T>;
-  constexpr int kBuf = buf_bytes<F>();
+  constexpr int kBytes = static_cast<int>(info(T).block_bytes);
+  constexpr int kElems = static_cast<int>(info(T).block_elems);
+  constexpr int kSegs = quant::DotFormat<T>::segs;
+  constexpr int kStep = step_blocks(T);
+  constexpr int kBuf = static_cast<int>(buf_bytes(T));
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  auto* xq = reinterpret_cast<std::int8_t*>(smem);
+  auto* xs = reinterpret_cast<quant::Q8Scale*>(smem + MM * K);
+  const std::int64_t xblocks = K / quant::kQ8Block;  // activation blocks per row of x
+  unsigned char* bufs = smem + x_smem_bytes(MM, K) + static_cast<std::int64_t>(warp) * kStages * kBuf;
 
-  const std::uint16_t* xs = x;
-  std::int64_t x_bytes = 0;
-  if (stage_x) {
-    x_bytes = static_cast<std::int64_t>(MM) * K * 2;
-    const std::int64_t n16 = x_bytes / 16;
-    auto* dst = reinterpret_cast<uint4*>(smem);
-    const auto* src = reinterpret_cast<const uint4*>(x);
-    for (std::int64_t i = threadIdx.x; i < n16; i += kThreads) dst[i] = src[i];
-    __syncthreads();
-    xs = reinterpret_cast<const std::uint16_t*>(smem);
-  }
-  unsigned char* bufs = smem + x_bytes + static_cast<std::int64_t>(warp) * kStages * kBuf;
-
-  const std::int64_t nb = K / F::elems;
-  const std::int64_t row_bytes = nb * F::bytes;
-  const std::int64_t steps = (nb + F::step_blocks - 1) / F::step_blocks;
+  const std::int64_t nb = K / kElems;
+  const std::int64_t row_bytes = nb * kBytes;
+  const std::int64_t steps = (nb + kStep - 1) / kStep;
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp;
   const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
-  if (row0 >= N) return;  // no block-wide barrier follows
   const int steps_i = static_cast<int>(steps);
   const auto wbeg = reinterpret_cast<std::uintptr_t>(w);
   const std::uintptr_t wend = wbeg + static_cast<std::uintptr_t>(N * row_bytes);
@@ -230,10 +155,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
   // A warp's items are the steps of its rows in order: step t of row row0 + r * row_stride. Issue and
   // decode walk them with their own counters (no 64-bit division in the loop).
   auto step_at = [&](std::int64_t row, int t, std::int64_t& first, int& count, std::uintptr_t& start) {
-    first = static_cast<std::int64_t>(t) * F::step_blocks;
+    first = static_cast<std::int64_t>(t) * kStep;
     const std::int64_t left = nb - first;
-    count = left < F::step_blocks ? static_cast<int>(left) : F::step_blocks;
-    start = wbeg + static_cast<std::uintptr_t>(row * row_bytes + first * F::bytes);
+    count = left < kStep ? static_cast<int>(left) : kStep;
+    start = wbeg + static_cast<std::uintptr_t>(row * row_bytes + first * kBytes);
   };
   std::int64_t irow = row0;
   int it = 0, ibuf = 0;
@@ -243,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
       int count;
       std::uintptr_t start;
       step_at(irow, it, first, count, start);
-      const std::uintptr_t end = start + static_cast<std::uintptr_t>(count) * F::bytes;
+      const std::uintptr_t end = start + static_cast<std::uintptr_t>(count) * kBytes;
       const std::uintptr_t a = start & ~std::uintptr_t{15};
       const int chunks = static_cast<int>((end - a + 15) / 16);
       unsigned char* buf = bufs + ibuf * kBuf;
@@ -268,7 +193,15 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
     cp_async_commit();  // empty groups too, so wait_group counts stay uniform
   };
 
+  // The weights do not depend on x: their first copies are in flight while the CTA quantizes it.
   for (int s = 0; s < kStages - 1; ++s) issue();
+  quantize_x<MM>(x, K, xq, xs);
+  __syncthreads();
+  if (row0 >= N) {  // no barrier follows
+    cp_async_wait<0>();
+    return;
+  }
+
   float acc[MM];
 #pragma unroll
   for (int m = 0; m < MM; ++m) acc[m] = 0.0f;
@@ -285,37 +218,18 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
     std::uintptr_t start;
     step_at(row, dt, first, count, start);
     const unsigned char* buf = bufs + dbuf * kBuf + (start & 15u);
-    const int nseg = count * F::segs;
+    const int nseg = count * kSegs;
     for (int sg = lane; sg < nseg; sg += 32) {
-      const int j = sg / F::segs, s = sg % F::segs;
-      Seg g;
-      decode<T>(buf + j * F::bytes, s, g);
-      const std::int64_t k0 = (first + j) * F::elems + s * 32;
+      const int j = sg / kSegs, s = sg % kSegs;
+      quant::SegCodes g;
+      quant::decode_segment<T>(buf + j * kBytes, s, g);
+      const std::int64_t xb = (first + j) * kSegs + s;  // the activation block under this segment
 #pragma unroll
       for (int m = 0; m < MM; ++m) {
-        const std::uint16_t* xp = xs + m * K + k0;
-        float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const uint4 v = *reinterpret_cast<const uint4*>(xp + 8 * c);
-          const std::uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float lo = __uint_as_float(u[e] << 16), hi = __uint_as_float(u[e] & 0xffff0000u);
-            const int l = 8 * c + 2 * e;
-            if (c < 2) {
-              s0 = fmaf(g.q[l], lo, s0);
-              s0 = fmaf(g.q[l + 1], hi, s0);
-            } else {
-              s1 = fmaf(g.q[l], lo, s1);
-              s1 = fmaf(g.q[l + 1], hi, s1);
-            }
-            if constexpr (F::has_min) sx += lo + hi;
-          }
-        }
-        float r = g.a0 * s0 + g.a1 * s1;
-        if constexpr (F::has_min) r = fmaf(g.b, sx, r);
-        acc[m] += r;
+        const uint4* xp = reinterpret_cast<const uint4*>(xq + m * K + xb * quant::kQ8Block);
+        const uint4 lo = xp[0], hi = xp[1];
+        const std::uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        acc[m] += quant::segment_dot<T>(g, xw, xs[m * xblocks + xb]);
       }
     }
 
@@ -325,7 +239,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
         float v = acc[m];
 #pragma unroll
         for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == m) y[m * N + row] = f32_to_bf16(v);
+        if (lane == m) {
+          if (y_f32) static_cast<float*>(y)[m * ldy + row] = v;
+          else static_cast<std::uint16_t*>(y)[m * ldy + row] = f32_to_bf16(v);
+        }
         acc[m] = 0.0f;
       }
     }
@@ -346,12 +263,10 @@ void check(cudaError_t e, DType type, const char* what) {
 }
 
 template <DType T, int MM>
-void launch(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, std::uint16_t* y,
-            cudaStream_t stream) {
+void launch(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, void* y, std::int64_t ldy,
+            bool y_f32, cudaStream_t stream) {
   auto kernel = gemv_kernel<T, MM>;
-  const std::int64_t x_bytes = static_cast<std::int64_t>(MM) * K * 2;
-  const bool stage = x_bytes <= kMaxStagedX;
-  const auto smem = static_cast<std::size_t>((stage ? x_bytes : 0) + kWarps * kStages * buf_bytes<Fmt<T>>());
+  const auto smem = static_cast<std::size_t>(smem_bytes(T, MM, K));
   if (smem > 48 * 1024)
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), T,
           "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
@@ -364,58 +279,96 @@ void launch(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t 
   const std::int64_t wanted = (N + kWarps - 1) / kWarps;
   const std::int64_t resident = static_cast<std::int64_t>(sms) * per_sm;
   const auto grid = static_cast<unsigned>(wanted < resident ? wanted : resident);
-  chained::launch(kernel, grid, kThreads, smem, stream, static_cast<const unsigned char*>(w), x, N, K, y,
-                  stage ? 1 : 0);
+  chained::launch(kernel, grid, kThreads, smem, stream, static_cast<const unsigned char*>(w), x, N, K, y, ldy,
+                  y_f32 ? 1 : 0);
   check(cudaGetLastError(), T, "kernel launch");
 }
 
 template <DType T>
-void launch_rows(int M, const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, std::uint16_t* y,
-                 cudaStream_t s) {
+void launch_rows(int M, const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, void* y,
+                 std::int64_t ldy, bool y_f32, cudaStream_t s) {
   switch (M) {
-    case 1: launch<T, 1>(w, x, N, K, y, s); break;
-    case 2: launch<T, 2>(w, x, N, K, y, s); break;
-    case 3: launch<T, 3>(w, x, N, K, y, s); break;
-    case 4: launch<T, 4>(w, x, N, K, y, s); break;
-    case 5: launch<T, 5>(w, x, N, K, y, s); break;
-    case 6: launch<T, 6>(w, x, N, K, y, s); break;
-    case 7: launch<T, 7>(w, x, N, K, y, s); break;
-    default: launch<T, 8>(w, x, N, K, y, s); break;
+    case 1: launch<T, 1>(w, x, N, K, y, ldy, y_f32, s); break;
+    case 2: launch<T, 2>(w, x, N, K, y, ldy, y_f32, s); break;
+    case 3: launch<T, 3>(w, x, N, K, y, ldy, y_f32, s); break;
+    case 4: launch<T, 4>(w, x, N, K, y, ldy, y_f32, s); break;
+    case 5: launch<T, 5>(w, x, N, K, y, ldy, y_f32, s); break;
+    case 6: launch<T, 6>(w, x, N, K, y, ldy, y_f32, s); break;
+    case 7: launch<T, 7>(w, x, N, K, y, ldy, y_f32, s); break;
+    default: launch<T, 8>(w, x, N, K, y, ldy, y_f32, s); break;
   }
 }
 
-}  // namespace
+/// The most rows one launch takes for this K: x's codes for all of them must fit in shared memory beside the
+/// rings (8 at Llama-3-8B's widest K, 14,336; 4 at 70B's 28,672). 0 when not even one row does.
+int rows_per_launch(DType type, std::int64_t K) {
+  int m = kGemvMaxRows;
+  while (m > 0 && smem_bytes(type, m, K) > kMaxSmem) --m;
+  return m;
+}
 
-void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
-               std::uint16_t* y_bf16, void* stream) {
+void run(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
+         void* y, std::int64_t ldy, bool y_f32, void* stream) {
   const DTypeInfo ti = info(type);
   if (!gemv_supports(type))
     throw UnsupportedError(detail::cat("cuda::gguf_gemv: weight type ", ti.name,
-                                       " is not supported (q8_0, q4_0, q4_1, q4_k, q6_k are); use gguf_gemm"));
+                                       " is not supported (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, iq4_nl, "
+                                       "iq4_xs are); use gguf_gemm"));
   if (M < 1 || M > kGemvMaxRows)
     throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): M = ", M, " rows; it takes 1..", kGemvMaxRows,
                                       " (use gguf_gemm for larger batches)"));
   if (N < 0 || K < 1 || K % ti.block_elems != 0)
     throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): bad shape N=", N, " K=", K,
                                       " (K must be a positive multiple of the block size ", ti.block_elems, ")"));
+  const int per_launch = rows_per_launch(type, K);
+  if (per_launch < 1)
+    throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): K=", K, " is too wide for one row of x in ",
+                                      kMaxSmem / 1024, " KiB of shared memory; use gguf_gemm"));
+  if (ldy == 0) ldy = N;
+  if (ldy < N)
+    throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): output row stride ", ldy, " < N=", N));
   if (N == 0) return;
-  if (w_blocks == nullptr || x_bf16 == nullptr || y_bf16 == nullptr)
+  if (w_blocks == nullptr || x_bf16 == nullptr || y == nullptr)
     throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): null ",
                                       w_blocks == nullptr ? "weight" : (x_bf16 == nullptr ? "x" : "y"), " pointer"));
   if (reinterpret_cast<std::uintptr_t>(x_bf16) % 16 != 0)
     throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): x pointer ", static_cast<const void*>(x_bf16),
                                       " is not 16-byte aligned"));
-  if (reinterpret_cast<std::uintptr_t>(w_blocks) % 2 != 0 || reinterpret_cast<std::uintptr_t>(y_bf16) % 2 != 0)
-    throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): weight and y pointers must be 2-byte aligned"));
+  if (reinterpret_cast<std::uintptr_t>(w_blocks) % 2 != 0 || reinterpret_cast<std::uintptr_t>(y) % (y_f32 ? 4 : 2) != 0)
+    throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): weight and y pointers must be aligned to 2 (",
+                                      "y: to its element) bytes"));
   auto s = static_cast<cudaStream_t>(stream);
-  switch (type) {
-    case DType::q8_0: launch_rows<DType::q8_0>(M, w_blocks, x_bf16, N, K, y_bf16, s); break;
-    case DType::q4_0: launch_rows<DType::q4_0>(M, w_blocks, x_bf16, N, K, y_bf16, s); break;
-    case DType::q4_1: launch_rows<DType::q4_1>(M, w_blocks, x_bf16, N, K, y_bf16, s); break;
-    case DType::q4_k: launch_rows<DType::q4_k>(M, w_blocks, x_bf16, N, K, y_bf16, s); break;
-    case DType::q6_k: launch_rows<DType::q6_k>(M, w_blocks, x_bf16, N, K, y_bf16, s); break;
-    default: break;
+  const std::size_t y_elem = y_f32 ? 4 : 2;
+  for (int m0 = 0; m0 < M; m0 += per_launch) {  // more than one launch only where K is very wide
+    const int rows = M - m0 < per_launch ? M - m0 : per_launch;
+    const std::uint16_t* xm = x_bf16 + static_cast<std::int64_t>(m0) * K;
+    void* ym = static_cast<char*>(y) + static_cast<std::size_t>(m0 * ldy) * y_elem;
+    switch (type) {
+      case DType::q8_0: launch_rows<DType::q8_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
+      case DType::q4_0: launch_rows<DType::q4_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
+      case DType::q4_1: launch_rows<DType::q4_1>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
+      case DType::q5_0: launch_rows<DType::q5_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
+      case DType::q5_1: launch_rows<DType::q5_1>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
+      case DType::q4_k: launch_rows<DType::q4_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
+      case DType::q5_k: launch_rows<DType::q5_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
+      case DType::q6_k: launch_rows<DType::q6_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
+      case DType::iq4_nl: launch_rows<DType::iq4_nl>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
+      case DType::iq4_xs: launch_rows<DType::iq4_xs>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
+      default: break;
+    }
   }
+}
+
+}  // namespace
+
+void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
+               std::uint16_t* y_bf16, void* stream, std::int64_t ldy) {
+  run(type, w_blocks, x_bf16, M, N, K, y_bf16, ldy, false, stream);
+}
+
+void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
+               float* y_f32, void* stream, std::int64_t ldy) {
+  run(type, w_blocks, x_bf16, M, N, K, y_f32, ldy, true, stream);
 }
 
 }  // namespace infer::kernels::cuda

@@ -7,8 +7,11 @@
 //   |got − ref| ≤ 2^-8·|ref| + c·K·2^-24·A
 // 2^-8: a bf16 output carries ≤ 2^-9 relative rounding error (doubled for slack; f32 outputs use 2^-20).
 // K·2^-24·A: the worst-case f32 accumulation error of a K-term sum, for each of GPU and CPU, whose
-// summation orders differ; c = 2 for the GEMMs, c = 8 for the fused GEMV, whose scale folding
-// (a·Σq·x + b·Σx, see gguf_gemv.cu) sums terms up to ~4× larger than |w|·|x| for Q4_1/Q4_K's mins.
+// summation orders differ; c = 2 for the GEMMs. The GGUF GEMV quantizes x to int8 per 32 values, so its
+// reference is the same quantization and integer dot products run on the CPU (quant/gguf_dot.hpp's
+// functions, which a CI test pins against dequantization): per segment they may differ from the GPU's only
+// by rounding (FMA contraction), and the segments' f32 sum by its order, so c = 8 with
+// A = Σ |segment contributions| and their terms.
 // The worst error / bound of each check is printed, so a run shows how much room each bound leaves.
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
@@ -29,6 +32,7 @@
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
 #include "infer/quant/dequantize.hpp"
+#include "infer/quant/gguf_dot.hpp"
 
 using namespace infer;
 using namespace infer::test;
@@ -78,7 +82,65 @@ void check_close(const std::vector<float>& got, const std::vector<float>& ref, c
   std::printf("  worst error / bound %.3g, relative Frobenius error %.3g\n", worst, std::sqrt(err2 / std::max(ref2, 1e-30)));
 }
 
-const DType kGemvTypes[] = {DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k};
+const DType kGemvTypes[] = {DType::q8_0, DType::q4_0, DType::q4_1,  DType::q5_0,   DType::q5_1,
+                            DType::q4_k, DType::q5_k, DType::q6_k, DType::iq4_nl, DType::iq4_xs};
+
+/// What gguf_gemv computes, on the CPU: x (bf16 values) quantized per 32 by quant::quantize_q8_block, each
+/// weight segment's integer dot product by quant::segment_dot, summed in double; abs_y sums each segment's
+/// |contribution| and the magnitudes of its products (A of the file comment).
+template <DType T>
+Reference q8_reference_of(const std::vector<std::byte>& blocks, const std::vector<float>& x, std::int64_t M,
+                          std::int64_t N, std::int64_t K) {
+  namespace q = infer::quant;
+  const auto xblocks = static_cast<std::size_t>(K / q::kQ8Block);
+  std::vector<std::int8_t> xq(static_cast<std::size_t>(M * K));
+  std::vector<q::Q8Scale> xs(static_cast<std::size_t>(M) * xblocks);
+  for (std::size_t b = 0; b < xs.size(); ++b) xs[b] = q::quantize_q8_block(x.data() + b * q::kQ8Block, xq.data() + b * q::kQ8Block);
+  std::vector<float> wf(static_cast<std::size_t>(N * K));
+  kernels::cpu::dequantize(T, blocks, wf);
+  const auto bb = static_cast<std::size_t>(info(T).block_bytes);
+  const auto be = static_cast<std::size_t>(info(T).block_elems);
+  const auto* w = reinterpret_cast<const std::uint8_t*>(blocks.data());
+  Reference r{std::vector<float>(static_cast<std::size_t>(M * N)), std::vector<float>(static_cast<std::size_t>(M * N))};
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t m = 0; m < M; ++m) {
+      double y = 0, a = 0;
+      for (std::size_t seg = 0; seg < xblocks; ++seg) {
+        const std::size_t blk = static_cast<std::size_t>(n) * (static_cast<std::size_t>(K) / be) + seg * q::kQ8Block / be;
+        q::SegCodes g;
+        q::decode_segment<T>(w + blk * bb, static_cast<int>(seg % (be / q::kQ8Block)), g);
+        const std::size_t xb = static_cast<std::size_t>(m) * xblocks + seg;
+        std::uint32_t xw[8];
+        std::memcpy(xw, xq.data() + xb * q::kQ8Block, 32);
+        const float c = q::segment_dot<T>(g, xw, xs[xb]);
+        y += c;
+        a += std::fabs(c);
+        for (std::size_t l = 0; l < q::kQ8Block; ++l)
+          a += std::fabs(static_cast<double>(wf[static_cast<std::size_t>(n * K) + seg * q::kQ8Block + l]) * xs[xb].d *
+                         xq[xb * q::kQ8Block + l]);
+      }
+      r.y[static_cast<std::size_t>(m * N + n)] = static_cast<float>(y);
+      r.abs_y[static_cast<std::size_t>(m * N + n)] = static_cast<float>(a);
+    }
+  return r;
+}
+
+Reference q8_reference(DType t, const std::vector<std::byte>& blocks, const std::vector<float>& x, std::int64_t M,
+                       std::int64_t N, std::int64_t K) {
+  switch (t) {
+    case DType::q8_0: return q8_reference_of<DType::q8_0>(blocks, x, M, N, K);
+    case DType::q4_0: return q8_reference_of<DType::q4_0>(blocks, x, M, N, K);
+    case DType::q4_1: return q8_reference_of<DType::q4_1>(blocks, x, M, N, K);
+    case DType::q5_0: return q8_reference_of<DType::q5_0>(blocks, x, M, N, K);
+    case DType::q5_1: return q8_reference_of<DType::q5_1>(blocks, x, M, N, K);
+    case DType::q4_k: return q8_reference_of<DType::q4_k>(blocks, x, M, N, K);
+    case DType::q5_k: return q8_reference_of<DType::q5_k>(blocks, x, M, N, K);
+    case DType::q6_k: return q8_reference_of<DType::q6_k>(blocks, x, M, N, K);
+    case DType::iq4_nl: return q8_reference_of<DType::iq4_nl>(blocks, x, M, N, K);
+    case DType::iq4_xs: return q8_reference_of<DType::iq4_xs>(blocks, x, M, N, K);
+    default: FAIL("no q8 reference for " << name(t)); return {};
+  }
+}
 
 }  // namespace
 
@@ -206,12 +268,12 @@ TEST_CASE("cuda::gguf_gemv matches dequantize + gemm_xwt for every type", "[cuda
       std::int64_t N, K;
     };
     // Odd block counts per row (rows off 16-byte alignment), one and several pipeline steps per row,
-    // N not a multiple of the 8 rows of a CTA, and N large enough that warps loop over rows;
-    // K = 7168 and M ≥ 3 put x (≥ 42 KiB) over the 32 KiB shared-memory staging limit.
-    const Shape shapes[] = {{333, be * (be == 32 ? 67 : 9)}, {7, be}, {5000, 4096}, {61, 7168}};
+    // N not a multiple of the 8 rows of a CTA, and N large enough that warps loop over rows; K = 14,336
+    // (Llama-3-8B's down projection) at M = 8 is the most shared memory one launch takes.
+    const Shape shapes[] = {{333, be * (be == 32 ? 67 : 9)}, {7, be}, {5000, 4096}, {61, 14336}};
     for (const Shape& s : shapes) {
       for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
-        if (s.N == 5000 && M != 1 && M != 3 && M != 8) continue;  // keep the CPU reference quick
+        if ((s.N == 5000 || s.K == 14336) && M != 1 && M != 3 && M != 8) continue;  // keep the CPU reference quick
         ++seed;
         // Odd M: the weights start 2 bytes past a 16-byte boundary (the kernel's unaligned edges).
         const std::size_t w_shift = (M % 2) ? 2 : 0;
@@ -219,10 +281,8 @@ TEST_CASE("cuda::gguf_gemv matches dequantize + gemm_xwt for every type", "[cuda
                      << " seed " << seed);
         std::mt19937 rng(seed);
         const auto blocks = test::random_tensor(t, static_cast<std::size_t>(s.N * s.K), rng);
-        std::vector<float> w(static_cast<std::size_t>(s.N * s.K));
-        kernels::cpu::dequantize(t, blocks, w);
         const auto xb = random_bf16(static_cast<std::size_t>(M * s.K), rng);
-        const Reference r = reference(to_f32(xb), w, M, s.N, s.K);
+        const Reference r = q8_reference(t, blocks, to_f32(xb), M, s.N, s.K);
 
         test::DeviceMem dw(blocks.size() + w_shift), dx(xb.size() * 2), dy(r.y.size() * 2);
         CUDA_REQUIRE(cudaMemcpy(dw.as<std::byte>(w_shift), blocks.data(), blocks.size(), cudaMemcpyHostToDevice));
@@ -239,12 +299,57 @@ TEST_CASE("cuda::gguf_gemv matches dequantize + gemm_xwt for every type", "[cuda
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("cuda::gguf_gemv writes f32 logits and strided columns", "[cuda][gemm]") {
+  // The LM head writes f32 rows of a wider logits buffer; stacked parts of different types write their
+  // columns of one output (row stride ldy > N). Elements outside the columns must stay untouched.
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  std::uint32_t seed = test_seed("cuda::gguf_gemv strided");
+  for (DType t : {DType::q6_k, DType::q8_0, DType::q4_k}) {
+    for (int M : {1, 5}) {
+      ++seed;
+      const std::int64_t N = 301, K = 1024, ldy = N + 13, col = 7;
+      INFO("type " << name(t) << " M=" << M << " seed " << seed);
+      std::mt19937 rng(seed);
+      const auto blocks = test::random_tensor(t, static_cast<std::size_t>(N * K), rng);
+      const auto xb = random_bf16(static_cast<std::size_t>(M * K), rng);
+      const Reference r = q8_reference(t, blocks, to_f32(xb), M, N, K);
+      const auto out = static_cast<std::size_t>(M * ldy);
+      test::DeviceMem dw(blocks.size()), dx(xb.size() * 2), df(out * 4), db(out * 2);
+      upload(dw.p, blocks);
+      upload(dx.p, xb);
+      CUDA_REQUIRE(cudaMemset(df.p, 0xff, out * 4));
+      CUDA_REQUIRE(cudaMemset(db.p, 0xff, out * 2));
+      kc::gguf_gemv(t, dw.p, dx.as<std::uint16_t>(), M, N, K, df.as<float>() + col, stream, ldy);
+      kc::gguf_gemv(t, dw.p, dx.as<std::uint16_t>(), M, N, K, db.as<std::uint16_t>() + col, stream, ldy);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      const auto gf = download<float>(df.p, out);
+      const auto gb = to_f32(download<std::uint16_t>(db.p, out));
+      std::vector<float> f(r.y.size()), b(r.y.size());
+      int touched = 0;
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t c = 0; c < ldy; ++c) {
+          const auto i = static_cast<std::size_t>(m * ldy + c);
+          if (c >= col && c < col + N) {
+            f[static_cast<std::size_t>(m * N + c - col)] = gf[i];
+            b[static_cast<std::size_t>(m * N + c - col)] = gb[i];
+          } else if (!std::isnan(gf[i]) || !std::isnan(gb[i])) {
+            ++touched;
+          }
+        }
+      CHECK(touched == 0);
+      check_close(f, r.y, r.abs_y, K, std::ldexp(1.0, -20), 8.0);
+      check_close(b, r.y, r.abs_y, K, std::ldexp(1.0, -8), 8.0);
+    }
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cuda][gemm]") {
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   kc::Gemm gemm;
   std::uint32_t seed = test_seed("cuda::gguf_gemm");
-  // The types without a GEMV kernel (q5_k, q5_0, q5_1, iq4_nl, iq4_xs) take the GEMM branch at every M.
   const DType types[] = {DType::q8_0, DType::q4_0, DType::q4_1,   DType::q4_k,  DType::q5_k,
                          DType::q6_k, DType::q5_0, DType::q5_1, DType::iq4_nl, DType::iq4_xs};
   for (DType t : types) {
@@ -257,9 +362,9 @@ TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cud
       std::vector<float> w(static_cast<std::size_t>(N * K));
       kernels::cpu::dequantize(t, blocks, w);
       const bool via_gemv = M <= kc::kGemvMaxRows && kc::gemv_supports(t);
-      if (!via_gemv) w = round_bf16(std::move(w));  // the GEMM path multiplies bf16-rounded weights
+      w = round_bf16(std::move(w));  // the GEMM path multiplies bf16-rounded weights
       const auto xb = random_bf16(static_cast<std::size_t>(M * K), rng);
-      const Reference r = reference(to_f32(xb), w, M, N, K);
+      const Reference r = via_gemv ? q8_reference(t, blocks, to_f32(xb), M, N, K) : reference(to_f32(xb), w, M, N, K);
 
       test::DeviceMem dw(blocks.size()), dx(xb.size() * 2), dy(r.y.size() * 2), scratch(static_cast<std::size_t>(N * K) * 2);
       upload(dw.p, blocks);
@@ -292,12 +397,14 @@ TEST_CASE("cuda linear layers reject bad arguments", "[cuda][gemm]") {
   CHECK_THROWS_AS(kc::gguf_gemv(DType::q8_0, w.p, xp, 1, 16, 48, yp, nullptr), InvalidArgument);
   CHECK_THROWS_AS(kc::gguf_gemv(DType::q8_0, w.p, xp, 1, 16, 0, yp, nullptr), InvalidArgument);
   CHECK_THROWS_AS(kc::gguf_gemv(DType::q8_0, w.p, xp, 1, -1, 32, yp, nullptr), InvalidArgument);
-  CHECK_THROWS_AS(kc::gguf_gemv(DType::q5_k, w.p, xp, 1, 16, 256, yp, nullptr), UnsupportedError);
+  CHECK_THROWS_AS(kc::gguf_gemv(DType::f16, w.p, xp, 1, 16, 256, yp, nullptr), UnsupportedError);
+  CHECK_THROWS_WITH(kc::gguf_gemv(DType::q8_0, w.p, xp, 1, 16, 32, yp, nullptr, 15), Contains("stride 15"));
+  CHECK_THROWS_WITH(kc::gguf_gemv(DType::q8_0, w.p, xp, 1, 16, 32 * 8192, yp, nullptr), Contains("too wide"));
   CHECK_THROWS_AS(kc::gguf_gemv(DType::f32, w.p, xp, 1, 16, 256, yp, nullptr), UnsupportedError);
   CHECK_THROWS_AS(kc::gguf_gemv(DType::q8_0, nullptr, xp, 1, 16, 32, yp, nullptr), InvalidArgument);
   CHECK_THROWS_WITH(kc::gguf_gemv(DType::q8_0, w.p, xp + 1, 1, 16, 32, yp, nullptr), Contains("16-byte aligned"));
   CHECK_THROWS_AS(kc::gguf_gemv(DType::q8_0, w.as<char>(1), xp, 1, 16, 32, yp, nullptr), InvalidArgument);
-  CHECK_NOTHROW(kc::gguf_gemv(DType::q8_0, nullptr, nullptr, 1, 0, 32, nullptr, nullptr));  // N = 0: nothing to do
+  CHECK_NOTHROW(kc::gguf_gemv(DType::q8_0, nullptr, nullptr, 1, 0, 32, static_cast<std::uint16_t*>(nullptr), nullptr));  // N = 0: nothing to do
   // Gemm
   kc::Gemm gemm;
   CHECK_THROWS_AS(gemm.run(xp, xp, yp, 1, 16, 0, nullptr), InvalidArgument);

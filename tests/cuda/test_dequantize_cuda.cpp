@@ -108,3 +108,39 @@ TEST_CASE("CUDA dequantize rejects bad arguments", "[cuda][quant]") {
   CHECK_THROWS_AS(kernels::cuda::dequantize(DType::int8, src.p, out, 4, nullptr), UnsupportedError);
   CHECK_NOTHROW(kernels::cuda::dequantize(DType::q8_0, nullptr, out, 0, nullptr));
 }
+
+TEST_CASE("CUDA dequantize_rows gathers embedding rows equal to the CPU's", "[cuda][quant]") {
+  // An embedding kept in its GGUF blocks: rows picked by id (repeats and the last row included), each equal to
+  // cpu::dequantize of that row bit for bit; the output poisoned first.
+  std::mt19937 rng(test_seed("CUDA dequantize_rows"));
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  for (DType t : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::q4_k, DType::q5_k,
+                  DType::q6_k, DType::iq4_nl, DType::iq4_xs}) {
+    const std::int64_t rows = 37, cols = info(t).block_elems == 32 ? 32 * 45 : 256 * 6;
+    INFO("type " << name(t));
+    const auto blocks = random_tensor(t, static_cast<std::size_t>(rows * cols), rng);
+    std::vector<float> all(static_cast<std::size_t>(rows * cols));
+    kernels::cpu::dequantize(t, blocks, all);
+    const std::vector<std::int32_t> ids = {5, 0, 36, 5, 17, 36, 1};
+    test::DeviceMem dw(blocks.size()), di(ids.size() * 4), dx(ids.size() * static_cast<std::size_t>(cols) * 4);
+    upload(dw.p, blocks);
+    upload(di.p, ids);
+    CUDA_REQUIRE(cudaMemset(dx.p, 0xff, ids.size() * static_cast<std::size_t>(cols) * 4));
+    kernels::cuda::dequantize_rows(t, dw.p, di.as<std::int32_t>(), static_cast<std::int64_t>(ids.size()), cols,
+                                   dx.as<float>(), stream);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    const auto got = download<float>(dx.p, ids.size() * static_cast<std::size_t>(cols));
+    int bad = 0;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const float want = all[static_cast<std::size_t>(ids[i] * cols + c)];
+        const float g = got[i * static_cast<std::size_t>(cols) + static_cast<std::size_t>(c)];
+        if (std::memcmp(&want, &g, 4) != 0 && ++bad <= 3) FAIL_CHECK("row " << i << " col " << c << ": " << g << " vs " << want);
+      }
+    CHECK(bad == 0);
+  }
+  CHECK_THROWS_AS(kernels::cuda::dequantize_rows(DType::bf16, nullptr, nullptr, 1, 32, nullptr, nullptr), UnsupportedError);
+  CHECK_THROWS_AS(kernels::cuda::dequantize_rows(DType::q4_k, nullptr, nullptr, 1, 100, nullptr, nullptr), InvalidArgument);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}

@@ -9,7 +9,10 @@
 ///   - the output of every projection (q, k, v, o, gate, up, down) — and q and k once more after RoPE
 ///     (rotated in place / into the bf16 cache); v goes into the cache as the projection wrote it;
 ///   - for GGUF block weights, the weight itself in a GEMM of more than 8 rows (dequantized to bf16 for
-///     cuBLASLt; the fused GEMV of up to 8 rows reads the blocks exactly);
+///     cuBLASLt); the GEMV of up to 8 rows reads the blocks exactly but quantizes its (bf16) input to int8
+///     per 32 values (quant/gguf_dot.hpp): modelled here as that quantization (round) or as an absolute
+///     error of each value, uniform in ±0.7·d with d its block's step (perturb: the rms of rounding's
+///     ±d/2, times 1.4 as for bf16 below);
 ///   - the final norm's output, the LM head's input (its output, the logits, is f32).
 /// `Bf16Stages` is an F32 Quantizer that applies, at each projection's input and output, as many of
 /// these roundings as the GPU applies there (read off the tensor's role and type at load):
@@ -20,8 +23,9 @@
 ///     Round-to-nearest's relative error is at most u and rms ~0.42u; uniform in [-u, u] has rms 0.58u,
 ///     so σ is overestimated by ~1.4x: the bounds built on it err on the safe side.
 /// Not reachable from this seam (counted as a small slack in the bounds that use σ, see noise_bound):
-/// the embedding rows (bf16 on the GPU; exact for dummy weights) and the Qwen2 bias add (a second rounding
-/// of q/k/v). A tied LM head is reachable: the decoder loads it through the Quantizer (llama_weights.hpp).
+/// the embedding rows (bf16 on the GPU unless GgufInPlace keeps them in their blocks; exact for dummy
+/// weights) and the Qwen2 bias add (a second rounding of q/k/v). A tied LM head is reachable: the decoder
+/// loads it through the Quantizer (llama_weights.hpp).
 /// Other GPU differences are f32-level (summation order, fast exp/rsqrt): ~1e-6 relative, far below σ.
 
 #include <cmath>
@@ -35,6 +39,7 @@
 #include "infer/core/half.hpp"
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/quant/f32.hpp"
+#include "infer/quant/gguf_dot.hpp"
 #include "support/parallel_for.hpp"
 
 namespace infer::test {
@@ -90,8 +95,8 @@ struct Bf16Stages {
     const std::string_view n = t.name;
     const auto ends = [&](std::string_view s) { return n.size() >= s.size() && n.substr(n.size() - s.size()) == s; };
     // The LM head: untied ("output"), or tied (the embedding's tensor, loaded a second time as the head
-    // because Bf16Stages cannot serve embedding rows). Its logits are f32, and the GPU multiplies with a
-    // bf16 copy of it (llama_cuda.hpp's lm_head_), never with GGUF blocks.
+    // because Bf16Stages cannot serve embedding rows). Its logits are f32; GgufInPlace keeps it in its
+    // blocks like any other linear (bf16 when the file has it so).
     const bool head = ends("output.weight") || ends("lm_head.weight") || ends("token_embd.weight") ||
                       ends("embed_tokens.weight");
     if (head) l.out_roundings = 0;
@@ -99,9 +104,8 @@ struct Bf16Stages {
       l.out_roundings = 2;
     const bool exact_bf16 = t.dummy.has_value() || t.type == DType::bf16;
     l.weight_rounded = !exact_bf16;
-    // GgufInPlace's fused GEMV (kernels/cuda/gguf_gemv.cu) reads these block types exactly.
-    l.gemv_reads_blocks = !head && (t.type == DType::q8_0 || t.type == DType::q4_0 || t.type == DType::q4_1 ||
-                                    t.type == DType::q4_k || t.type == DType::q6_k);
+    // GgufInPlace's GEMV (kernels/cuda/gguf_gemv.cu) reads every GGUF block type exactly, with int8 inputs.
+    l.gemv_reads_blocks = !t.dummy.has_value() && quant::dot_supports(t.type);
     return l;
   }
 
@@ -117,13 +121,41 @@ struct Bf16Stages {
     xr.assign(x, x + in_n);
     // The weight's rounding perturbs each product w·x by a relative error, as rounding x does: modelled
     // as one more rounding of x (same variance of the sum; round mode keeps the weights exact).
-    const bool weight = l.weight_rounded && (rows > kGemvMaxRows || !l.gemv_reads_blocks);
+    const bool gemv = l.gemv_reads_blocks && rows <= kGemvMaxRows;
+    const bool weight = l.weight_rounded && !gemv;
     apply(xr, 1 + (weight ? 1 : 0));
+    if (gemv) quantize_int8(xr);
     kernels::cpu::gemm_xwt(xr.data(), l.w.data(), y, rows, l.out(), l.in());
     apply(std::span(y, out_n), l.out_roundings);
   }
 
  private:
+  /// The GEMV's int8 input (gguf_gemv.cu): Mode::round quantizes each 32 values as the GPU does (the same
+  /// function); Mode::perturb adds to each value an error uniform in ±0.7·d, d = max|x| / 127 of its block.
+  static void quantize_int8(std::span<float> v) {
+    const std::size_t blocks = v.size() / quant::kQ8Block;  // rows are whole blocks: K % 32 == 0
+    if (state().mode == Mode::round) {
+      for (std::size_t b = 0; b < blocks; ++b) {
+        float* x = v.data() + b * quant::kQ8Block;
+        std::int8_t q[quant::kQ8Block];
+        const quant::Q8Scale s = quant::quantize_q8_block(x, q);
+        for (int i = 0; i < quant::kQ8Block; ++i) x[i] = s.d * static_cast<float>(q[i]);
+      }
+      return;
+    }
+    const std::uint64_t stream = mix(state().rng += kGolden);
+    for (std::size_t b = 0; b < blocks; ++b) {
+      float* x = v.data() + b * quant::kQ8Block;
+      float amax = 0.0f;
+      for (int i = 0; i < quant::kQ8Block; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const float d = amax / 127.0f;
+      for (int i = 0; i < quant::kQ8Block; i += 4) {
+        std::uint64_t h = mix(stream + (b * quant::kQ8Block + static_cast<std::size_t>(i) + 1) * kGolden);
+        for (int k = 0; k < 4; ++k, h >>= 16) x[i + k] += 0.7f * d * uniform_pm1(static_cast<std::uint16_t>(h));
+      }
+    }
+  }
+
   /// Mode::round rounds every value to bf16; Mode::perturb multiplies value i by Π_k (1 + u·e_ik), e_ik
   /// uniform in [-1, 1), drawn from a counter-based generator: the call's stream (one draw of the thread's
   /// state) hashed with i's group of values. So the values do not depend on how the pass is split over

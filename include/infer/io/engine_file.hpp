@@ -52,7 +52,9 @@ namespace infer {
 
 /// The format this library writes and reads.
 /// 2: the CPU quantizers' linears list a `dense` part (the LM head kept out of INT8, FP8 and INT4).
-inline constexpr std::uint32_t kEngineFileVersion = 2;
+/// 3: GgufInPlace's embedding and LM head are linears in their GGUF blocks (type, sizes, data), and stacked
+///    projections may be parts of different block types.
+inline constexpr std::uint32_t kEngineFileVersion = 3;
 
 /// What an engine file was built for, and from what.
 struct EngineFileInfo {

@@ -355,7 +355,7 @@ class LlamaModel<cuda, Q, Attn> {
     CudaMatmulContext ctx{&gemm_, s, scratch_.as<bf16>(), scratch_.size() / 2};
     const auto rows = static_cast<std::int32_t>(T);
 
-    kernels::cuda::embedding(weights_.embedding(), meta.ids, T, H, x, s);
+    weights_.embed(meta.ids, T, H, x, s);
     // Each residual add is fused into the norm that follows it: the MLP's output of layer l is added by
     // layer l + 1's first norm (or after the loop), the attention output by the MLP's norm.
     const bf16* pending = nullptr;
@@ -411,12 +411,8 @@ class LlamaModel<cuda, Q, Attn> {
       last = last_.as<float>();
     }
     if (sh.S == 0) return;
-    const bf16* head = weights_.lm_head();
     kernels::cuda::add_rmsnorm(const_cast<float*>(last), nullptr, weights_.output_norm(), sh.S, H, eps, lastn_.as<bf16>(), s);
-    if (sh.S <= kernels::cuda::bf16_gemv_preferred_rows() && kernels::cuda::bf16_gemv_supports(head, lastn_.data(), H))
-      kernels::cuda::bf16_gemv(head, lastn_.as<bf16>(), sh.S, c.vocab_size, H, logits_.as<float>(), s);
-    else
-      gemm_.run(lastn_.as<bf16>(), head, logits_.as<float>(), sh.S, c.vocab_size, H, 0.0f, s);
+    weights_.logits(ctx, lastn_.as<bf16>(), sh.S, c.vocab_size, H, logits_.as<float>());
   }
 
   /// act = SwiGLU of the gate/up projection in one kernel, when the Quantizer has the optional hook
@@ -438,6 +434,12 @@ class LlamaModel<cuda, Q, Attn> {
     }
     std::int64_t col = 0;
     for (const auto& w : p.parts) {
+      if constexpr (requires { { Q::matmul_into(ctx, w, x, rows, y, p.out) } -> std::same_as<bool>; }) {
+        if (Q::matmul_into(ctx, w, x, rows, y + col, p.out)) {  // written into its columns directly
+          col += w.out();
+          continue;
+        }
+      }
       Q::matmul(ctx, w, x, rows, split_.as<bf16>());
       backend::cuda::check(cudaMemcpy2DAsync(y + col, static_cast<std::size_t>(p.out) * 2, split_.data(),
                                              static_cast<std::size_t>(w.out()) * 2, static_cast<std::size_t>(w.out()) * 2,

@@ -6,10 +6,11 @@
 ///
 /// The arena is sized by a measuring pass over the same loading code (CudaWeightStore), then filled.
 /// q/k/v and gate/up are each stored stacked (one weight) when the Quantizer can (`load_stacked`), else as
-/// parts whose outputs the model copies side by side. The embedding and the LM head are bf16 always: a
-/// gather reads embedding rows, and the head's f32 logits need the bf16 GEMM with f32 output; a tied head
-/// is the embedding itself. Every tensor's shape is checked against the config before the Quantizer sees it,
-/// except where the Quantizer loads by role (quant/linear_request.hpp) and checks its own.
+/// parts whose outputs the model writes side by side (a Quantizer may refuse to stack some parts, `Q::stacks`).
+/// The embedding and the LM head are bf16 unless the Quantizer serves tables (`Q::embed` and `Q::logits`:
+/// GgufInPlace keeps them in their blocks, so a step reads the file's bytes); a tied head is the embedding
+/// itself. Every tensor's shape is checked against the config before the Quantizer sees it, except where the
+/// Quantizer loads by role (quant/linear_request.hpp) and checks its own.
 
 #if defined(INFER_HAVE_CUDA)
 
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "infer/backend/cuda_runtime.hpp"
@@ -30,6 +32,7 @@
 #include "infer/model/model_config.hpp"
 #include "infer/model/model_source.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
+#include "infer/kernels/cuda/ops.hpp"
 #include "infer/quant/linear_request.hpp"
 
 namespace infer {
@@ -76,8 +79,22 @@ class LlamaCudaWeights {
   LlamaCudaWeights(LlamaCudaWeights&&) noexcept = default;
   LlamaCudaWeights& operator=(LlamaCudaWeights&&) noexcept = default;
 
-  [[nodiscard]] const bf16* embedding() const noexcept { return embedding_; }
-  [[nodiscard]] const bf16* lm_head() const noexcept { return lm_head_; }
+  /// x[i][:] = the embedding row of ids[i], f32, for n ids.
+  void embed(const std::int32_t* ids, std::int64_t n, std::int64_t H, float* x, void* stream) const {
+    if constexpr (kTables) Q::embed(embedding_table_, ids, n, x, stream);
+    else kernels::cuda::embedding(embedding_, ids, n, H, x, stream);
+  }
+  /// logits[rows][V] (f32) = x · headᵀ.
+  void logits(CudaMatmulContext& ctx, const bf16* x, std::int32_t rows, std::int64_t V, std::int64_t H,
+              float* y) const {
+    if constexpr (kTables) {
+      Q::logits(ctx, head_table_, x, rows, y);
+    } else if (rows <= kernels::cuda::bf16_gemv_preferred_rows() && kernels::cuda::bf16_gemv_supports(lm_head_, x, H)) {
+      kernels::cuda::bf16_gemv(lm_head_, x, rows, V, H, y, ctx.stream);
+    } else {
+      ctx.gemm->run(x, lm_head_, y, rows, V, H, 0.0f, ctx.stream);
+    }
+  }
   [[nodiscard]] const float* output_norm() const noexcept { return output_norm_; }
   [[nodiscard]] const std::vector<Layer>& layers() const noexcept { return layers_; }
   /// The widest unstacked projection's output (0: every projection is stacked): the model's split buffer.
@@ -116,6 +133,18 @@ class LlamaCudaWeights {
   static constexpr bool kStacks = requires(std::span<const WeightTensor> parts, CudaWeightStore& s) {
     { Q::template load_stacked<cuda>(parts, s) } -> std::same_as<linear>;
   };
+  /// A Quantizer that may refuse to stack some parts (GgufInPlace: blocks of different types).
+  static constexpr bool kMayRefuseStack = requires(std::span<const WeightTensor> parts) {
+    { Q::stacks(parts) } -> std::same_as<bool>;
+  };
+  /// A Quantizer that serves the embedding and the LM head in its own format.
+  static constexpr bool kTables = requires(const linear& w, CudaMatmulContext& ctx, const bf16* x,
+                                           const std::int32_t* ids, float* y, void* s) {
+    Q::embed(w, ids, std::int64_t{}, y, s);
+    Q::logits(ctx, w, x, std::int32_t{}, y);
+  };
+  struct NoTable {};
+  using Table = std::conditional_t<kTables, linear, NoTable>;
   /// A Quantizer that stacks by role (each part's companions, such as an FP8 checkpoint's weight_scale).
   static constexpr bool kStacksByRole = requires(std::span<const LinearRequest> parts, CudaWeightStore& s) {
     { Q::template load_stacked<cuda>(parts, s) } -> std::same_as<linear>;
@@ -146,7 +175,14 @@ class LlamaCudaWeights {
     } else if constexpr (kStacks) {
       std::vector<WeightTensor> tensors;
       for (const auto& r : parts) tensors.push_back(r.checked_weight());
-      p.parts.push_back(Q::template load_stacked<cuda>(std::span<const WeightTensor>(tensors), store));
+      bool stack = true;
+      if constexpr (kMayRefuseStack) stack = Q::stacks(std::span<const WeightTensor>(tensors));
+      if (stack) {
+        p.parts.push_back(Q::template load_stacked<cuda>(std::span<const WeightTensor>(tensors), store));
+      } else {
+        for (const auto& t : tensors) p.parts.push_back(Q::template load<cuda>(t, store));
+        split_out_ = std::max(split_out_, p.out);
+      }
     } else {
       for (const auto& r : parts) p.parts.push_back(infer::load_linear<Q, cuda>(r, store));
       split_out_ = std::max(split_out_, p.out);
@@ -185,8 +221,13 @@ class LlamaCudaWeights {
     const auto n = [](std::int64_t x) { return static_cast<std::size_t>(std::max<std::int64_t>(x, 0)); };
     const std::size_t H = n(c.hidden_size), V_ = n(c.vocab_size);
     const std::size_t qkv_out = n(c.q_size() + 2 * c.kv_size());
-    v.pointer("token_embd", w.embedding_, V_ * H * sizeof(bf16));
-    v.pointer("output", w.lm_head_, V_ * H * sizeof(bf16));
+    if constexpr (kTables) {
+      linear::visit_arena(w.embedding_table_, v.at("token_embd"));
+      linear::visit_arena(w.head_table_, v.at("output"));
+    } else {
+      v.pointer("token_embd", w.embedding_, V_ * H * sizeof(bf16));
+      v.pointer("output", w.lm_head_, V_ * H * sizeof(bf16));
+    }
     v.pointer("output_norm", w.output_norm_, H * sizeof(float));
     v.scalar("split_out", w.split_out_);
     const auto projection = [](auto& p, const V& pv) {
@@ -246,6 +287,10 @@ class LlamaCudaWeights {
       if (p.parts.size() > 1 && split_out_ < p.out)
         throw FormatError(cat(where, ": split_out ", split_out_, " is less than '", role, "''s ", p.out, " outputs"));
     };
+    if constexpr (kTables) {
+      check_linear("token_embd", embedding_table_, c.vocab_size, H);
+      check_linear("output", head_table_, c.vocab_size, H);
+    }
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const Layer& L = layers_[i];
       const std::string blk = cat("blk.", i, ".");
@@ -267,8 +312,20 @@ class LlamaCudaWeights {
     split_out_ = 0;
     layers_.clear();
     const WeightTensor embd = src.get("token_embd");
-    embedding_ = load_bf16_matrix(src, embd, V, H, store);
-    lm_head_ = c.tie_word_embeddings ? embedding_ : load_bf16_matrix(src, src.get("output"), V, H, store);
+    if constexpr (kTables) {
+      check_shape(src, embd, V, H);
+      embedding_table_ = Q::template load<cuda>(embd, store);
+      if (c.tie_word_embeddings) {
+        head_table_ = embedding_table_;
+      } else {
+        const WeightTensor head = src.get("output");
+        check_shape(src, head, V, H);
+        head_table_ = Q::template load<cuda>(head, store);
+      }
+    } else {
+      embedding_ = load_bf16_matrix(src, embd, V, H, store);
+      lm_head_ = c.tie_word_embeddings ? embedding_ : load_bf16_matrix(src, src.get("output"), V, H, store);
+    }
     {
       const WeightTensor n = src.get("output_norm");
       const std::array<std::int64_t, 1> sz{H};
@@ -302,8 +359,10 @@ class LlamaCudaWeights {
   }
 
   backend::cuda::DeviceArena arena_;
-  const bf16* embedding_ = nullptr;
+  const bf16* embedding_ = nullptr;  ///< without kTables: bf16 tables
   const bf16* lm_head_ = nullptr;
+  Table embedding_table_{};  ///< with kTables: the Quantizer's tables
+  Table head_table_{};
   const float* output_norm_ = nullptr;
   std::vector<Layer> layers_;
   std::int64_t split_out_ = 0;

@@ -16,6 +16,8 @@
 #include "infer/core/dtype.hpp"
 #include "infer/core/error.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
+#include "infer/kernels/cuda/ops.hpp"
+#include "infer/quant/dequantize.hpp"
 #include "infer/quant/weight_tensor.hpp"
 
 namespace infer::detail {
@@ -47,7 +49,8 @@ struct CudaLinear {
     v.scalar("in", self.in_features);
     v.pointer("data", self.data, self.bytes());
   }
-  /// bf16 scratch values a matmul with more than kGemvMaxRows rows needs (0 for bf16 weights).
+  /// bf16 scratch values a matmul with more than kGemvMaxRows rows needs (0 for bf16 weights). An LM head in
+  /// blocks needs less: it is dequantized a chunk at a time into whatever scratch there is.
   [[nodiscard]] std::size_t scratch_elems() const noexcept {
     return type == DType::bf16 ? 0 : static_cast<std::size_t>(out_features * in_features);
   }
@@ -81,11 +84,26 @@ inline CudaLinear load_stacked_bf16(std::span<const WeightTensor> parts, CudaWei
   return l;
 }
 
+/// Whether a tensor stays in its GGUF blocks on the GPU (every block type the GEMV takes; never a dummy).
+inline bool kept_in_blocks(const WeightTensor& t) { return kernels::cuda::gemv_supports(t.type) && !t.dummy; }
+
+/// Whether `parts` load as one weight: all in blocks of one type, or none in blocks (stacked as bf16). Parts in
+/// blocks of different types (llama.cpp's Q4_K_M keeps attn_v in Q6_K beside Q4_K q and k) are loaded apart,
+/// each in its own blocks, rather than widened to bf16 together.
+inline bool stacks_in_place(std::span<const WeightTensor> parts) {
+  bool any = false, all = true;
+  for (const auto& t : parts) {
+    any = any || kept_in_blocks(t);
+    all = all && kept_in_blocks(t) && t.type == parts[0].type;
+  }
+  return all || !any;
+}
+
 /// `parts` stacked in their GGUF blocks, when all share one type gguf_gemv takes (and none is a dummy):
 /// rows of blocks are independent, so stacking is concatenating bytes. Otherwise bf16.
 inline CudaLinear load_stacked_in_place(std::span<const WeightTensor> parts, CudaWeightStore& store) {
-  bool in_place = kernels::cuda::gemv_supports(parts[0].type);
-  for (const auto& t : parts) in_place = in_place && t.type == parts[0].type && !t.dummy;
+  bool in_place = true;
+  for (const auto& t : parts) in_place = in_place && kept_in_blocks(t) && t.type == parts[0].type;
   if (!in_place) return load_stacked_bf16(parts, store);
   CudaLinear l;
   l.type = parts[0].type;
@@ -119,6 +137,41 @@ inline void cuda_matmul(CudaMatmulContext& ctx, const CudaLinear& w, const std::
                            ctx.scratch_elems);
   kernels::cuda::gguf_linear(*ctx.gemm, w.type, w.data, x, rows, w.out_features, w.in_features, ctx.scratch, y,
                              ctx.stream);
+}
+
+/// cuda_matmul writing row m at y + m·ldy, for a part of a projection whose parts are loaded apart: true when
+/// the kernel writes there itself (GGUF blocks at up to kGemvMaxRows rows); false, having done nothing,
+/// otherwise (the caller multiplies into a buffer and copies the columns).
+inline bool cuda_matmul_into(CudaMatmulContext& ctx, const CudaLinear& w, const std::uint16_t* x, std::int32_t rows,
+                             std::uint16_t* y, std::int64_t ldy) {
+  if (w.type == DType::bf16 || rows < 1 || rows > kernels::cuda::kGemvMaxRows) return false;
+  kernels::cuda::gguf_gemv(w.type, w.data, x, rows, w.out_features, w.in_features, y, ctx.stream, ldy);
+  return true;
+}
+
+/// Logits y[rows][w.out] (f32) = x · wᵀ for an LM head: the bf16 GEMV at up to bf16_gemv_preferred_rows rows
+/// (cuBLASLt with f32 output above); for GGUF blocks kernels::cuda::gguf_logits (the GEMV, or the head
+/// dequantized a chunk at a time into ctx's scratch).
+inline void cuda_logits(CudaMatmulContext& ctx, const CudaLinear& w, const std::uint16_t* x, std::int32_t rows,
+                        float* y) {
+  if (w.type == DType::bf16) {
+    const auto* wd = static_cast<const std::uint16_t*>(w.data);
+    if (rows <= kernels::cuda::bf16_gemv_preferred_rows() && kernels::cuda::bf16_gemv_supports(wd, x, w.in_features))
+      kernels::cuda::bf16_gemv(wd, x, rows, w.out_features, w.in_features, y, ctx.stream);
+    else
+      ctx.gemm->run(x, wd, y, rows, w.out_features, w.in_features, 0.0f, ctx.stream);
+    return;
+  }
+  kernels::cuda::gguf_logits(*ctx.gemm, w.type, w.data, x, rows, w.out_features, w.in_features, ctx.scratch,
+                             ctx.scratch_elems, y, ctx.stream);
+}
+
+/// Embedding rows x[i][:] = f32(w[ids[i]][:]) for a table kept as bf16 or in GGUF blocks (decoded exactly).
+inline void cuda_embed(const CudaLinear& w, const std::int32_t* ids, std::int64_t n, float* x, void* stream) {
+  if (w.type == DType::bf16)
+    kernels::cuda::embedding(static_cast<const std::uint16_t*>(w.data), ids, n, w.in_features, x, stream);
+  else
+    kernels::cuda::dequantize_rows(w.type, w.data, ids, n, w.in_features, x, stream);
 }
 
 /// y[rows][w.out / 2] = silu(x·gateᵀ) * (x·upᵀ) for a stacked [gate; up] weight, in one kernel when that

@@ -35,5 +35,12 @@ void dequantize(DType type, const void* src_device, float* dst_device, std::size
 /// As above, writing bf16 bits (round to nearest even of the f32 result), the layout GEMM tiles use.
 void dequantize(DType type, const void* src_device, std::uint16_t* dst_device, std::size_t elems, void* stream);
 
+/// Gathers rows: dst[i][:] = row rows[i] of the [*, cols] GGUF block tensor at `src_device`, in f32, equal to
+/// cpu::dequantize of that row bit for bit (an embedding kept in its file's blocks). Row ids are not checked
+/// (they come from the tokenizer, checked on admission). n ≤ 65,535; UnsupportedError for a type that is not
+/// a GGUF block type, InvalidArgument for a bad shape or null pointers.
+void dequantize_rows(DType type, const void* src_device, const std::int32_t* rows, std::int64_t n, std::int64_t cols,
+                     float* dst_device, void* stream);
+
 }  // namespace infer::kernels::cuda
 #endif

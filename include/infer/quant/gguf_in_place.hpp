@@ -1,11 +1,12 @@
 #pragma once
 /// \file
-/// `infer::GgufInPlace`: the CUDA backend's Quantizer for GGUF files — weights in Q8_0, Q4_0, Q4_1,
-/// Q4_K and Q6_K stay in their blocks on the GPU (2-5x fewer bytes than bf16, which is what batch-1
-/// decode is bound by), multiplied by the fused dequantize-GEMV for up to 8 rows and by
-/// dequantize-to-bf16 + cuBLASLt GEMM for more (prefill). Every other weight (bf16/f16/f32 tensors, the
-/// block types without a GEMV kernel: Q5_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS; dummy weights) is stored as bf16, as
-/// Bf16 does (blocks decoded once at load by kernels::cuda::dequantize). The CUDA default.
+/// `infer::GgufInPlace`: the CUDA backend's Quantizer for GGUF files — every tensor in GGUF blocks (Q4_0,
+/// Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) stays in its blocks on the GPU, the embedding
+/// and the LM head included, so a step reads the file's bytes (2-5x fewer than bf16, which is what batch-1
+/// decode is bound by): multiplied by the integer-dot GEMV for up to 8 rows and by dequantize-to-bf16 +
+/// cuBLASLt GEMM for more (prefill). Stacked projections whose parts have different block types are kept
+/// as parts. Every other weight (bf16/f16/f32 tensors, dummy weights) is stored as bf16, as Bf16 does. The
+/// CUDA default.
 
 #include <span>
 #include <string_view>
@@ -46,6 +47,27 @@ struct GgufInPlace {
   template <class B>
   static linear<B> load_stacked(std::span<const WeightTensor> parts, CudaWeightStore& store) {
     return {detail::load_stacked_in_place(parts, store)};
+  }
+
+  /// The optional stacking test: false for parts in blocks of different types, which the model then loads
+  /// apart (each through `load`, so each stays in its blocks) instead of widening them to bf16.
+  static bool stacks(std::span<const WeightTensor> parts) { return detail::stacks_in_place(parts); }
+
+  /// The optional strided matmul for parts loaded apart: writes y's columns in place (row m at y + m·ldy)
+  /// and returns true, or returns false having done nothing (the caller copies the columns).
+  static bool matmul_into(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
+                          std::uint16_t* y, std::int64_t ldy) {
+    return detail::cuda_matmul_into(ctx, w, x, rows, y, ldy);
+  }
+
+  /// The optional table hooks: the embedding and the LM head load through `load` (so they stay in their
+  /// blocks), rows are gathered by `embed` and logits made by `logits` (f32).
+  static void embed(const linear<cuda>& table, const std::int32_t* ids, std::int64_t n, float* x, void* stream) {
+    detail::cuda_embed(table, ids, n, x, stream);
+  }
+  static void logits(CudaMatmulContext& ctx, const linear<cuda>& head, const std::uint16_t* x, std::int32_t rows,
+                     float* y) {
+    detail::cuda_logits(ctx, head, x, rows, y);
   }
 
   static void matmul(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,

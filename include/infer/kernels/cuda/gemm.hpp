@@ -5,7 +5,7 @@
 ///
 /// - `Gemm`: bf16 × bf16 through cuBLASLt, bf16 out, or f32 out with `beta` (y = x·Wᵀ + beta·y, so an
 ///   output projection adds into the f32 residual stream in place). The prefill / large-batch path.
-/// - `gguf_gemv`: M = 1..8 rows against GGUF weights kept in their blocks, dequantized in registers. Batch-1
+/// - `gguf_gemv`: M = 1..8 rows against GGUF weights kept in their blocks, by int8 dot products. Batch-1
 ///   decode is bound by reading the weights, which are 2-5× smaller in their blocks than in bf16.
 /// - `gguf_gemm`: M > 8: dequantizes W into a caller-given bf16 scratch, then runs the bf16 `Gemm`.
 /// - `bf16_gemv`: M = 1..8 rows against bf16 weights, streamed at close to the copy bandwidth.
@@ -83,8 +83,9 @@ class Gemm {
 
   /// y[M][N] (f32) = x · wᵀ + beta · y. beta = 0 overwrites y (its old contents, even NaN, are ignored);
   /// beta = 1 adds into it (the residual stream).
+  /// y's rows are ldy floats apart (0: N), so column blocks of a wider output can be written one by one.
   void run(const std::uint16_t* x, const std::uint16_t* w, float* y, std::int64_t M, std::int64_t N, std::int64_t K,
-           float beta, void* stream);
+           float beta, void* stream, std::int64_t ldy = 0);
 
   /// FP8: y[M][N] (bf16) = s_x[m] · s_w[n] · Σ_k e4m3(x_q[m][k]) · e4m3(w_q[n][k]), accumulated in f32, with
   /// one f32 scale per row of x (s_x, M values) and per row of w (s_w, N values), the codes and scales as
@@ -110,15 +111,20 @@ class Gemm {
 /// The largest M `gguf_gemv` accepts; above it the weights are better dequantized once (`gguf_gemm`).
 inline constexpr int kGemvMaxRows = 8;
 
-/// y[M][N] (bf16) = x[M][K] (bf16) · W[N][K]ᵀ with W in GGUF blocks: `w_blocks` holds N rows of
-/// K / block_elems blocks each (the tensor exactly as in the file). Types q8_0, q4_0, q4_1, q4_k, q6_k.
-/// One warp per output row (rows strided over a grid sized to the GPU), x staged in shared memory when
-/// it fits, weight blocks streamed through shared memory with 16-byte asynchronous copies, f32 sums.
-/// Requirements: 1 ≤ M ≤ 8, K > 0 a multiple of the block size, x 16-byte aligned, w 2-byte aligned
-/// (its f16 fields), y 2-byte aligned. InvalidArgument otherwise (UnsupportedError for other types);
-/// DeviceError if the launch fails. N of 0 does nothing.
+/// y[M][N] = x[M][K] (bf16) · W[N][K]ᵀ with W in GGUF blocks: `w_blocks` holds N rows of K / block_elems
+/// blocks each (the tensor exactly as in the file); any type gemv_supports takes. x is quantized to int8 per
+/// 32 values inside the kernel and each weight segment meets it in integer dot products (quant/gguf_dot.hpp);
+/// one warp per output row (rows strided over a grid sized to the GPU), weight blocks streamed through shared
+/// memory with 16-byte asynchronous copies, f32 sums. y is bf16 or f32 (logits), row m at y + m·ldy (ldy 0:
+/// N), so stacked weights of different types can write their columns of one output.
+/// Requirements: 1 ≤ M ≤ 8, K > 0 a multiple of the block size (and ≤ ~140,000: one row of x's codes must
+/// fit in shared memory), ldy ≥ N, x 16-byte aligned, w 2-byte aligned (its f16 fields), y aligned to its
+/// element. InvalidArgument otherwise (UnsupportedError for other types); DeviceError if the launch fails.
+/// N of 0 does nothing.
 void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
-               std::uint16_t* y_bf16, void* stream);
+               std::uint16_t* y_bf16, void* stream, std::int64_t ldy = 0);
+void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
+               float* y_f32, void* stream, std::int64_t ldy = 0);
 
 /// y[M][N] (bf16) = x · Wᵀ for any M: dequantizes `w_blocks` (any type `dequantize` takes) into
 /// `w_scratch_bf16` (N * K values, device memory the caller owns and may reuse once the stream has
@@ -131,6 +137,13 @@ void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t
 /// be null when M ≤ kGemvMaxRows).
 void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
+
+/// Logits: y[M][N] (f32) = x · Wᵀ for an LM head in GGUF blocks: `gguf_gemv` for M ≤ kGemvMaxRows, else the
+/// head dequantized to bf16 a chunk of rows at a time into `w_scratch_bf16` (scratch_elems values, at least K)
+/// and multiplied by `gemm` into those columns of y, so the head never needs a bf16 copy of its own.
+void gguf_logits(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
+                 std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::size_t scratch_elems, float* y_f32,
+                 void* stream);
 
 /// The rows up to which the decoder prefers the CUDA-core `bf16_gemv` to cuBLASLt for bf16 weights. Measured on the
 /// H200 (bench/results/gpu-2026-12-03/kernels.log): at M = 1 the GEMV is 2-13% faster on Llama-3-8B's
@@ -171,10 +184,11 @@ Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path);
 void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x_bf16, int M, std::int64_t I,
                       std::int64_t K, std::uint16_t* y_bf16, void* stream);
 
-/// Whether `gguf_gemv` takes this weight type.
+/// Whether `gguf_gemv` takes this weight type: every GGUF block type the library reads.
 [[nodiscard]] constexpr bool gemv_supports(DType type) noexcept {
-  return type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_1 || type == DType::q4_k ||
-         type == DType::q6_k;
+  return type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_1 || type == DType::q5_0 ||
+         type == DType::q5_1 || type == DType::q4_k || type == DType::q5_k || type == DType::q6_k ||
+         type == DType::iq4_nl || type == DType::iq4_xs;
 }
 
 }  // namespace infer::kernels::cuda
