@@ -23,6 +23,7 @@
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/engine/presets.hpp"
+#include "infer/io/gguf.hpp"
 #include "infer/kernels/cuda/ops.hpp"
 #include "infer/model/dummy.hpp"
 #include "infer/testing/tiny_model.hpp"
@@ -446,4 +447,20 @@ TEST_CASE("PagedEngine<cuda>: device memory after 10,000 mixed requests is what 
   CHECK(done > 9000);  // the step before the aborts may have finished some (their outputs came then)
   CHECK(steps_down <= 1);
   CHECK(backend::cuda::memory_info().free + (std::size_t{4} << 20) >= free_after_100);
+}
+
+TEST_CASE("GgufInPlace holds a GGUF file's tensors in the file's bytes on the GPU", "[cuda][model]") {
+  // Every tensor stays in its blocks (the embedding and tied head too), so the weight arena is the file's
+  // tensor bytes, up to the arena's alignment of each allocation; widening any tensor to bf16 (SmolLM2's
+  // Q4_1 embedding alone: 28 MB as blocks, 57 MB as bf16) breaks the 1% bound.
+  const auto path = default_model();
+  const auto file = gguf::File::open(path);
+  std::uint64_t file_bytes = 0;
+  for (const auto& t : file.tensors()) file_bytes += t.bytes;
+  const auto model = GpuModel<GgufInPlace>::load(ModelSource::open(path));
+  const double ratio = static_cast<double>(model.weight_bytes()) / static_cast<double>(file_bytes);
+  std::printf("  SmolLM2 Q4_1: %llu bytes of tensors in the file, %zu on the GPU (%.4f)\n",
+              static_cast<unsigned long long>(file_bytes), model.weight_bytes(), ratio);
+  CHECK(ratio >= 1.0);
+  CHECK(ratio <= 1.01);
 }
