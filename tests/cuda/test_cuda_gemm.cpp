@@ -353,7 +353,7 @@ TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cud
   const DType types[] = {DType::q8_0, DType::q4_0, DType::q4_1,   DType::q4_k,  DType::q5_k,
                          DType::q6_k, DType::q5_0, DType::q5_1, DType::iq4_nl, DType::iq4_xs};
   for (DType t : types) {
-    for (std::int64_t M : {64, 9, 3}) {  // 3: gguf_linear's GEMV branch; 64 and 9: the GEMM branch
+    for (std::int64_t M : {64, 9, 3}) {  // 3 and 9 (two launches): gguf_linear's GEMV branch; 64: the GEMM
       ++seed;
       const std::int64_t N = 300, K = info(t).block_elems == 32 ? 32 * 27 : 256 * 3;
       INFO("type " << name(t) << " M=" << M << " N=" << N << " K=" << K << " seed " << seed);
@@ -361,7 +361,7 @@ TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cud
       const auto blocks = test::random_tensor(t, static_cast<std::size_t>(N * K), rng);
       std::vector<float> w(static_cast<std::size_t>(N * K));
       kernels::cpu::dequantize(t, blocks, w);
-      const bool via_gemv = M <= kc::kGemvMaxRows && kc::gemv_supports(t);
+      const bool via_gemv = M <= infer::quant::kGgufDotMaxRows && kc::gemv_supports(t);
       w = round_bf16(std::move(w));  // the GEMM path multiplies bf16-rounded weights
       const auto xb = random_bf16(static_cast<std::size_t>(M * K), rng);
       const Reference r = via_gemv ? q8_reference(t, blocks, to_f32(xb), M, N, K) : reference(to_f32(xb), w, M, N, K);

@@ -33,6 +33,12 @@ namespace infer::quant {
 /// Values per activation block and per weight segment.
 inline constexpr int kQ8Block = 32;
 
+/// The rows (tokens) up to which the CUDA backend multiplies GGUF blocks by these dot products (the GEMV takes
+/// 8 rows a launch, so 32 rows read the weights four times); above, it dequantizes the weight to bf16 once and
+/// runs a GEMM. Estimated on an 8B Q4_K_M step: a GEMV of 8 rows ~1.3 ms (its integer work), the dequantize
+/// + GEMM ~9 ms (writing and reading 16 GB of bf16) whatever the rows, so the GEMV wins to ~48 rows.
+inline constexpr int kGgufDotMaxRows = 32;
+
 /// One activation block's scale and the sums of its codes: value i ≈ d · q_i.
 struct Q8Scale {
   float d;
