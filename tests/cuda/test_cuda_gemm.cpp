@@ -23,6 +23,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "support/cuda_test_support.hpp"
@@ -345,23 +346,24 @@ TEST_CASE("cuda::gguf_gemv writes f32 logits and strided columns", "[cuda][gemm]
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
-TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cuda][gemm]") {
+TEST_CASE("cuda::gguf_linear at every row count 1..64 for every type", "[cuda][gemm]") {
+  // Rows 1..32 take the GEMV (8 a launch: 9..32 are two to four launches over one weight), 33..64 the
+  // dequantize + GEMM; 64 also through gguf_gemm directly. Each row count on fresh random blocks.
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   kc::Gemm gemm;
   std::uint32_t seed = test_seed("cuda::gguf_gemm");
-  const DType types[] = {DType::q8_0, DType::q4_0, DType::q4_1,   DType::q4_k,  DType::q5_k,
-                         DType::q6_k, DType::q5_0, DType::q5_1, DType::iq4_nl, DType::iq4_xs};
-  for (DType t : types) {
-    for (std::int64_t M : {64, 9, 3}) {  // 3 and 9 (two launches): gguf_linear's GEMV branch; 64: the GEMM
+  for (DType t : kGemvTypes) {
+    const std::int64_t N = 75, K = info(t).block_elems == 32 ? 32 * 11 : 256 * 2;
+    std::printf("  %s, M = 1..64:\n", std::string(name(t)).c_str());
+    for (std::int64_t M = 1; M <= 64; ++M) {
       ++seed;
-      const std::int64_t N = 300, K = info(t).block_elems == 32 ? 32 * 27 : 256 * 3;
       INFO("type " << name(t) << " M=" << M << " N=" << N << " K=" << K << " seed " << seed);
       std::mt19937 rng(seed);
       const auto blocks = test::random_tensor(t, static_cast<std::size_t>(N * K), rng);
       std::vector<float> w(static_cast<std::size_t>(N * K));
       kernels::cpu::dequantize(t, blocks, w);
-      const bool via_gemv = M <= infer::quant::kGgufDotMaxRows && kc::gemv_supports(t);
+      const bool via_gemv = M <= infer::quant::kGgufDotMaxRows;
       w = round_bf16(std::move(w));  // the GEMM path multiplies bf16-rounded weights
       const auto xb = random_bf16(static_cast<std::size_t>(M * K), rng);
       const Reference r = via_gemv ? q8_reference(t, blocks, to_f32(xb), M, N, K) : reference(to_f32(xb), w, M, N, K);
@@ -370,15 +372,18 @@ TEST_CASE("cuda::gguf_gemm (dequantize to bf16 + Gemm) for large batches", "[cud
       upload(dw.p, blocks);
       upload(dx.p, xb);
       CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
-      if (M == 64)
-        kc::gguf_gemm(gemm, t, dw.p, dx.as<std::uint16_t>(), M, N, K, scratch.as<std::uint16_t>(), dy.as<std::uint16_t>(),
-                      stream);
-      else
-        kc::gguf_linear(gemm, t, dw.p, dx.as<std::uint16_t>(), M, N, K, scratch.as<std::uint16_t>(),
-                        dy.as<std::uint16_t>(), stream);
+      kc::gguf_linear(gemm, t, dw.p, dx.as<std::uint16_t>(), M, N, K, via_gemv ? nullptr : scratch.as<std::uint16_t>(),
+                      dy.as<std::uint16_t>(), stream);
       CUDA_REQUIRE(cudaStreamSynchronize(stream));
       const auto got = to_f32(download<std::uint16_t>(dy.p, r.y.size()));
       check_close(got, r.y, r.abs_y, K, std::ldexp(1.0, -8), via_gemv ? 8.0 : 2.0);
+      if (M == 64) {
+        CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
+        kc::gguf_gemm(gemm, t, dw.p, dx.as<std::uint16_t>(), M, N, K, scratch.as<std::uint16_t>(), dy.as<std::uint16_t>(),
+                      stream);
+        CUDA_REQUIRE(cudaStreamSynchronize(stream));
+        check_close(to_f32(download<std::uint16_t>(dy.p, r.y.size())), r.y, r.abs_y, K, std::ldexp(1.0, -8), 2.0);
+      }
     }
   }
   CUDA_REQUIRE(cudaStreamDestroy(stream));
