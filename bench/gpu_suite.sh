@@ -466,6 +466,9 @@ JSON
       grep -E '"(n_prompt|n_gen|avg_ts)"' "$out/llama-bench-$tag.json" | tr -d ' \n'; echo
       run "$bin"/infer-bench-latency --model "$f" --backend cuda --batch-size 1 --input-len 512 --output-len 128 \
         --num-iters 5 --output-json "$out/latency-$tag-b1-512-128.json"
+      # the file's tensor bytes (gguf-py, installed by device.sh models), beside the weight bytes infer reports
+      PYTHONPATH=/tmp/peer-site python3 -c "import gguf, sys; r = gguf.GGUFReader(sys.argv[1]); \
+print('file tensor bytes', sys.argv[1], sum(int(t.n_bytes) for t in r.tensors))" "$f"
     done
     f=/root/peer/d8b-q4_k_m.gguf
     run $L/llama-batched-bench -m $f -c 16384 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,4,16,64 -ngl 99 -fa on \
