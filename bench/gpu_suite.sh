@@ -71,8 +71,8 @@
 #                                then on the device (carrying .xfer/peers) .xfer/peers/device.sh build and models
 #   bench/gpu_suite.sh peer-decode  issue 19's side by side on the same GGUF files (8B Q4_K_M, Q8_0, SmolLM2 Q4_1):
 #                                llama-bench against infer-bench-latency at batch 1, llama-batched-bench against
-#                                infer-bench-throughput at 1-64 sequences, ncu of infer's Q4_K_M decode step. Needs
-#                                llama.cpp and the files as peer-serve does
+#                                infer-bench-throughput at 1-64 sequences. Needs llama.cpp and the files as
+#                                peer-serve does. peer-profile: ncu of infer's Q4_K_M decode step (time, DRAM bytes)
 # The default model must be at models/SmolLM2-135M-Instruct.Q4_1.gguf (on the device machine: staged with
 # ../shared/device/stage.sh and linked there). INFER_COMMIT names the commit in every JSON record.
 #
@@ -455,8 +455,7 @@ JSON
     ;;
   peer-decode)  # issue 19: llama.cpp and infer on the same GGUF files, one after the other in one run: batch-1
     # decode (llama-bench tg128 / pp512 against infer-bench-latency 512 + 128), batched decode at 1, 4, 16, 64
-    # sequences (llama-batched-bench against infer-bench-throughput, 128 in / 128 out), and ncu of infer's
-    # Q4_K_M decode step (each kernel alone) beside the copy rate
+    # sequences (llama-batched-bench against infer-bench-throughput, 128 in / 128 out)
     L=/root/lcp/llama.cpp/build/bin
     [ -x $L/llama-bench ] && [ -f /root/peer/d8b-q4_k_m.gguf ] ||
       { echo "peer-decode: no $L/llama-bench or /root/peer files; run .xfer/peers/device.sh build and models first" >&2; exit 2; }
@@ -478,6 +477,9 @@ print('file tensor bytes', sys.argv[1], sum(int(t.n_bytes) for t in r.tensors))"
       run "$bin"/infer-bench-throughput --model $f --backend cuda --num-prompts $n --input-len 128 --output-len 128 \
         --max-num-seqs $n --output-json "$out/throughput-d8b-q4_k_m-$n-128-128.json"
     done
+    ;;
+  peer-profile)  # issue 19: ncu of infer's decode step on the 8B Q4_K_M file (peer-decode's files), each kernel alone
+    f=/root/peer/d8b-q4_k_m.gguf
     run ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --print-units base \
       --log-file "$out/ncu-decode-b1-d8b-q4_k_m.csv" "$bin"/infer-bench-latency --model $f --backend cuda \
       --batch-size 1 --input-len 512 --output-len 2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
