@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "infer/engine/engine_build.hpp"
 #include "support/fixtures.hpp"
 
@@ -47,12 +49,23 @@ std::filesystem::path temp_path(const std::string& name) {
 template <class Change>
 std::filesystem::path write_with(const std::vector<std::byte>& arena, const std::vector<FakeWeight>& weights,
                                  const std::string& name, Change&& change) {
-  const auto base_file = temp_path("base.engine");
-  if (!std::filesystem::exists(base_file)) {
+  // Built once per process: a file kept in the temp folder across runs would outlive a format version (a
+  // stale version-2 file failed every case here once version 3 came), and ctest's parallel processes would
+  // race on it.
+  const auto base_file = temp_path(detail::cat("base-", ::getpid(), ".engine"));
+  struct Built {  // removed when the process ends
+    std::filesystem::path path;
+    ~Built() {
+      std::error_code ec;
+      std::filesystem::remove(path, ec);
+    }
+  };
+  static const Built built = [&] {
     LlmOptions o;
     o.engine_options.kv_cache_bytes = std::size_t{4} << 20;
     build_engine_file(ModelSpec{.model = infer::test::fixture("tiny_llama")}, o, base_file);
-  }
+    return Built{base_file};
+  }();
   const EngineFile base = EngineFile::open(base_file);
   EngineFileWriter w;
   w.add_part("arena", "u8", std::span<const std::byte>(arena));
