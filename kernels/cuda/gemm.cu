@@ -379,22 +379,12 @@ void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t
   gemm.run(x_bf16, w_scratch_bf16, y_bf16, M, N, K, stream);
 }
 
-namespace {
-/// The GEMV over up to kGgufDotMaxRows rows, kGemvMaxRows a launch.
-template <class Y>
-void gemv_in_chunks(DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M, std::int64_t N,
-                    std::int64_t K, Y* y, void* stream) {
-  for (std::int64_t m0 = 0; m0 < M; m0 += kGemvMaxRows) {
-    const auto rows = static_cast<int>(std::min<std::int64_t>(kGemvMaxRows, M - m0));
-    gguf_gemv(type, w_blocks, x_bf16 + m0 * K, rows, N, K, y + m0 * N, stream);
-  }
-}
-}  // namespace
+static_assert(quant::kGgufDotMaxRows == kGemvMaxRows, "the rounding model's GEMV rows are the GEMV's");
 
 void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream) {
-  if (M >= 1 && M <= quant::kGgufDotMaxRows && gemv_supports(type))
-    gemv_in_chunks(type, w_blocks, x_bf16, M, N, K, y_bf16, stream);
+  if (M >= 1 && M <= kGemvMaxRows && gemv_supports(type))
+    gguf_gemv(type, w_blocks, x_bf16, static_cast<int>(M), N, K, y_bf16, stream);
   else
     gguf_gemm(gemm, type, w_blocks, x_bf16, M, N, K, w_scratch_bf16, y_bf16, stream);
 }
@@ -402,8 +392,8 @@ void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16
 void gguf_logits(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::size_t scratch_elems, float* y_f32,
                  void* stream) {
-  if (M >= 1 && M <= quant::kGgufDotMaxRows && gemv_supports(type)) {
-    gemv_in_chunks(type, w_blocks, x_bf16, M, N, K, y_f32, stream);
+  if (M >= 1 && M <= kGemvMaxRows && gemv_supports(type)) {
+    gguf_gemv(type, w_blocks, x_bf16, static_cast<int>(M), N, K, y_f32, stream);
     return;
   }
   const DTypeInfo ti = info(type);

@@ -347,8 +347,8 @@ TEST_CASE("cuda::gguf_gemv writes f32 logits and strided columns", "[cuda][gemm]
 }
 
 TEST_CASE("cuda::gguf_linear at every row count 1..64 for every type", "[cuda][gemm]") {
-  // Rows 1..32 take the GEMV (8 a launch: 9..32 are two to four launches over one weight), 33..64 the
-  // dequantize + GEMM; 64 also through gguf_gemm directly. Each row count on fresh random blocks.
+  // Rows 1..8 take the GEMV, 9..64 the dequantize + GEMM; 64 also through gguf_gemm directly. Each row count
+  // on fresh random blocks.
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   kc::Gemm gemm;

@@ -8,8 +8,8 @@
 ///   - the input of every projection (the RMSNorm output, the attention output, the SwiGLU output);
 ///   - the output of every projection (q, k, v, o, gate, up, down) — and q and k once more after RoPE
 ///     (rotated in place / into the bf16 cache); v goes into the cache as the projection wrote it;
-///   - for GGUF block weights, the weight itself in a GEMM of more than 32 rows (dequantized to bf16 for
-///     cuBLASLt); the GEMV of up to 32 rows reads the blocks exactly but quantizes its (bf16) input to int8
+///   - for GGUF block weights, the weight itself in a GEMM of more than 8 rows (dequantized to bf16 for
+///     cuBLASLt); the GEMV of up to 8 rows reads the blocks exactly but quantizes its (bf16) input to int8
 ///     per 32 values (quant/gguf_dot.hpp): modelled here as that quantization (round) or as an absolute
 ///     error of each value, uniform in ±0.7·d with d its block's step (perturb: the rms of rounding's
 ///     ±d/2, times 1.4 as for bf16 below);

@@ -33,7 +33,6 @@
 #include "infer/model/model_source.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
 #include "infer/kernels/cuda/ops.hpp"
-#include "infer/quant/gguf_dot.hpp"
 #include "infer/quant/linear_request.hpp"
 
 namespace infer {
@@ -102,13 +101,13 @@ class LlamaCudaWeights {
   [[nodiscard]] std::int64_t split_out() const noexcept { return split_out_; }
   /// Device bytes of matmul workspace a step of T rows needs (0: none), the model's scratch buffer: the most
   /// any linear asks for, by `workspace_bytes(rows)` (Fp8: the activation's codes and scales) or, in a step
-  /// above quant::kGgufDotMaxRows rows, by `scratch_elems()` (a GGUF weight dequantized to bf16 for the GEMM).
+  /// above kGemvMaxRows rows, by `scratch_elems()` (a GGUF weight dequantized to bf16 for the GEMM).
   [[nodiscard]] std::size_t workspace_bytes(std::int64_t T) const {
     std::size_t bytes = 0;
     const auto need = [&](const linear& w) {
       if constexpr (requires { w.workspace_bytes(T); }) bytes = std::max(bytes, w.workspace_bytes(T));
       if constexpr (requires { w.scratch_elems(); })
-        if (T > quant::kGgufDotMaxRows) bytes = std::max(bytes, w.scratch_elems() * sizeof(bf16));
+        if (T > kernels::cuda::kGemvMaxRows) bytes = std::max(bytes, w.scratch_elems() * sizeof(bf16));
     };
     for (const Layer& L : layers_) {
       for (const linear& w : L.qkv.parts) need(w);

@@ -8,7 +8,6 @@
 
 #if defined(INFER_HAVE_CUDA)
 
-#include <algorithm>
 #include <cstdint>
 #include <span>
 
@@ -19,7 +18,6 @@
 #include "infer/kernels/cuda/gemm.hpp"
 #include "infer/kernels/cuda/ops.hpp"
 #include "infer/quant/dequantize.hpp"
-#include "infer/quant/gguf_dot.hpp"
 #include "infer/quant/weight_tensor.hpp"
 
 namespace infer::detail {
@@ -51,7 +49,7 @@ struct CudaLinear {
     v.scalar("in", self.in_features);
     v.pointer("data", self.data, self.bytes());
   }
-  /// bf16 scratch values a matmul with more than quant::kGgufDotMaxRows rows needs (0 for bf16 weights). An LM head in
+  /// bf16 scratch values a matmul with more than kGemvMaxRows rows needs (0 for bf16 weights). An LM head in
   /// blocks needs less: it is dequantized a chunk at a time into whatever scratch there is.
   [[nodiscard]] std::size_t scratch_elems() const noexcept {
     return type == DType::bf16 ? 0 : static_cast<std::size_t>(out_features * in_features);
@@ -133,7 +131,7 @@ inline void cuda_matmul(CudaMatmulContext& ctx, const CudaLinear& w, const std::
       ctx.gemm->run(x, wd, y, rows, w.out_features, w.in_features, ctx.stream);
     return;
   }
-  require<InvalidArgument>(rows <= quant::kGgufDotMaxRows || ctx.scratch_elems >= w.scratch_elems(),
+  require<InvalidArgument>(rows <= kernels::cuda::kGemvMaxRows || ctx.scratch_elems >= w.scratch_elems(),
                            "cuda matmul: ", rows, " rows of a ", name(w.type), " weight [", w.out_features, ", ",
                            w.in_features, "] need ", w.scratch_elems(), " bf16 values of scratch; the context has ",
                            ctx.scratch_elems);
@@ -142,15 +140,12 @@ inline void cuda_matmul(CudaMatmulContext& ctx, const CudaLinear& w, const std::
 }
 
 /// cuda_matmul writing row m at y + m·ldy, for a part of a projection whose parts are loaded apart: true when
-/// the kernel writes there itself (GGUF blocks at up to quant::kGgufDotMaxRows rows); false, having done nothing,
+/// the kernel writes there itself (GGUF blocks at up to kGemvMaxRows rows); false, having done nothing,
 /// otherwise (the caller multiplies into a buffer and copies the columns).
 inline bool cuda_matmul_into(CudaMatmulContext& ctx, const CudaLinear& w, const std::uint16_t* x, std::int32_t rows,
                              std::uint16_t* y, std::int64_t ldy) {
-  if (w.type == DType::bf16 || rows < 1 || rows > quant::kGgufDotMaxRows) return false;
-  for (std::int32_t m0 = 0; m0 < rows; m0 += kernels::cuda::kGemvMaxRows)
-    kernels::cuda::gguf_gemv(w.type, w.data, x + static_cast<std::int64_t>(m0) * w.in_features,
-                             std::min(kernels::cuda::kGemvMaxRows, rows - m0), w.out_features, w.in_features,
-                             y + static_cast<std::int64_t>(m0) * ldy, ctx.stream, ldy);
+  if (w.type == DType::bf16 || rows < 1 || rows > kernels::cuda::kGemvMaxRows) return false;
+  kernels::cuda::gguf_gemv(w.type, w.data, x, rows, w.out_features, w.in_features, y, ctx.stream, ldy);
   return true;
 }
 

@@ -133,12 +133,12 @@ void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, in
 void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
 
-/// `gguf_gemv` (8 rows a launch) for M ≤ quant::kGgufDotMaxRows and a type it takes, `gguf_gemm` otherwise
-/// (`w_scratch_bf16` may then be null when M ≤ quant::kGgufDotMaxRows).
+/// `gguf_gemv` for M ≤ kGemvMaxRows and a type it takes, `gguf_gemm` otherwise (`w_scratch_bf16` may then
+/// be null when M ≤ kGemvMaxRows).
 void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
 
-/// Logits: y[M][N] (f32) = x · Wᵀ for an LM head in GGUF blocks: `gguf_gemv` for M ≤ quant::kGgufDotMaxRows, else the
+/// Logits: y[M][N] (f32) = x · Wᵀ for an LM head in GGUF blocks: `gguf_gemv` for M ≤ kGemvMaxRows, else the
 /// head dequantized to bf16 a chunk of rows at a time into `w_scratch_bf16` (scratch_elems values, at least K)
 /// and multiplied by `gemm` into those columns of y, so the head never needs a bf16 copy of its own.
 void gguf_logits(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
