@@ -10,8 +10,8 @@
 // summation orders differ; c = 2 for the GEMMs. The GGUF GEMV quantizes x to int8 per 32 values, so its
 // reference is the same quantization and integer dot products run on the CPU (quant/gguf_dot.hpp's
 // functions, which a CI test pins against dequantization): per segment they may differ from the GPU's only
-// by rounding (FMA contraction), and the segments' f32 sum by its order, so c = 8 with
-// A = Σ |segment contributions| and their terms.
+// by rounding (FMA contraction), and the segments' f32 sum by its order, so c = 8 with A = Σ over segments
+// of the magnitudes segment_dot rounds (its scaled integer sums and min term) and of the products |w·x|.
 // The worst error / bound of each check is printed, so a run shows how much room each bound leaves.
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
@@ -115,7 +115,15 @@ Reference q8_reference_of(const std::vector<std::byte>& blocks, const std::vecto
         std::memcpy(xw, xq.data() + xb * q::kQ8Block, 32);
         const float c = q::segment_dot<T>(g, xw, xs[xb]);
         y += c;
-        a += std::fabs(c);
+        // The floats segment_dot rounds: the scaled integer sums of each half and the min term, which for
+        // formats with a min can be far larger than Σ |w·x| when they cancel (a·q ≈ −b).
+        using F = q::DotFormat<T>;
+        int lo = 0, hi = 0;
+        for (int i = 0; i < 4; ++i) lo = q::dot4(g.q[i], xw[i], lo);
+        for (int i = 4; i < 8; ++i) hi = q::dot4(g.q[i], xw[i], hi);
+        const double slo = xs[xb].sum_lo, shi = xs[xb].sum_hi;
+        a += xs[xb].d * (std::fabs(g.a0 * (lo - F::off * slo)) + std::fabs(g.a1 * (hi - F::off * shi)) +
+                         std::fabs(g.b * (slo + shi)));
         for (std::size_t l = 0; l < q::kQ8Block; ++l)
           a += std::fabs(static_cast<double>(wf[static_cast<std::size_t>(n * K) + seg * q::kQ8Block + l]) * xs[xb].d *
                          xq[xb * q::kQ8Block + l]);
