@@ -115,6 +115,13 @@ class LlamaCudaWeights {
       need(L.o);
       need(L.down);
     }
+    // A head in blocks is dequantized a chunk of rows at a time into this scratch: at least kHeadChunkRows of
+    // it, even where every layer is bf16 and asks for none.
+    if constexpr (kTables && requires { head_table_.scratch_elems(); })
+      if (T > kernels::cuda::kGemvMaxRows)
+        bytes = std::max(bytes, std::min(head_table_.scratch_elems(),
+                                         static_cast<std::size_t>(kHeadChunkRows * head_table_.in())) *
+                                    sizeof(bf16));
     return bytes;
   }
   [[nodiscard]] std::size_t bytes() const noexcept { return arena_.used(); }
@@ -145,6 +152,8 @@ class LlamaCudaWeights {
   };
   struct NoTable {};
   using Table = std::conditional_t<kTables, linear, NoTable>;
+  /// The fewest head rows one dequantize + GEMM of the logits takes (the scratch may allow more).
+  static constexpr std::int64_t kHeadChunkRows = 4096;
   /// A Quantizer that stacks by role (each part's companions, such as an FP8 checkpoint's weight_scale).
   static constexpr bool kStacksByRole = requires(std::span<const LinearRequest> parts, CudaWeightStore& s) {
     { Q::template load_stacked<cuda>(parts, s) } -> std::same_as<linear>;
