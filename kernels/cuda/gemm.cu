@@ -389,6 +389,14 @@ void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16
     gguf_gemm(gemm, type, w_blocks, x_bf16, M, N, K, w_scratch_bf16, y_bf16, stream);
 }
 
+void bf16_logits(Gemm& gemm, const std::uint16_t* w, const std::uint16_t* x_bf16, std::int64_t M, std::int64_t N,
+                 std::int64_t K, float* y_f32, void* stream) {
+  if (M >= 1 && M <= bf16_gemv_preferred_rows() && bf16_gemv_supports(w, x_bf16, K))
+    bf16_gemv(w, x_bf16, static_cast<int>(M), N, K, y_f32, stream);
+  else
+    gemm.run(x_bf16, w, y_f32, M, N, K, 0.0f, stream);
+}
+
 void gguf_logits(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::size_t scratch_elems, float* y_f32,
                  void* stream) {

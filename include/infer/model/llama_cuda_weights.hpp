@@ -87,13 +87,8 @@ class LlamaCudaWeights {
   /// logits[rows][V] (f32) = x · headᵀ.
   void logits(CudaMatmulContext& ctx, const bf16* x, std::int32_t rows, std::int64_t V, std::int64_t H,
               float* y) const {
-    if constexpr (kTables) {
-      Q::logits(ctx, head_table_, x, rows, y);
-    } else if (rows <= kernels::cuda::bf16_gemv_preferred_rows() && kernels::cuda::bf16_gemv_supports(lm_head_, x, H)) {
-      kernels::cuda::bf16_gemv(lm_head_, x, rows, V, H, y, ctx.stream);
-    } else {
-      ctx.gemm->run(x, lm_head_, y, rows, V, H, 0.0f, ctx.stream);
-    }
+    if constexpr (kTables) Q::logits(ctx, head_table_, x, rows, y);
+    else kernels::cuda::bf16_logits(*ctx.gemm, lm_head_, x, rows, V, H, y, ctx.stream);
   }
   [[nodiscard]] const float* output_norm() const noexcept { return output_norm_; }
   [[nodiscard]] const std::vector<Layer>& layers() const noexcept { return layers_; }

@@ -149,21 +149,16 @@ inline bool cuda_matmul_into(CudaMatmulContext& ctx, const CudaLinear& w, const 
   return true;
 }
 
-/// Logits y[rows][w.out] (f32) = x · wᵀ for an LM head: the bf16 GEMV at up to bf16_gemv_preferred_rows rows
-/// (cuBLASLt with f32 output above); for GGUF blocks kernels::cuda::gguf_logits (the GEMV, or the head
-/// dequantized a chunk at a time into ctx's scratch).
+/// Logits y[rows][w.out] (f32) = x · wᵀ for an LM head: kernels::cuda::bf16_logits, or for GGUF blocks
+/// kernels::cuda::gguf_logits (the GEMV, or the head dequantized a chunk at a time into ctx's scratch).
 inline void cuda_logits(CudaMatmulContext& ctx, const CudaLinear& w, const std::uint16_t* x, std::int32_t rows,
                         float* y) {
-  if (w.type == DType::bf16) {
-    const auto* wd = static_cast<const std::uint16_t*>(w.data);
-    if (rows <= kernels::cuda::bf16_gemv_preferred_rows() && kernels::cuda::bf16_gemv_supports(wd, x, w.in_features))
-      kernels::cuda::bf16_gemv(wd, x, rows, w.out_features, w.in_features, y, ctx.stream);
-    else
-      ctx.gemm->run(x, wd, y, rows, w.out_features, w.in_features, 0.0f, ctx.stream);
-    return;
-  }
-  kernels::cuda::gguf_logits(*ctx.gemm, w.type, w.data, x, rows, w.out_features, w.in_features, ctx.scratch,
-                             ctx.scratch_elems, y, ctx.stream);
+  if (w.type == DType::bf16)
+    kernels::cuda::bf16_logits(*ctx.gemm, static_cast<const std::uint16_t*>(w.data), x, rows, w.out_features,
+                               w.in_features, y, ctx.stream);
+  else
+    kernels::cuda::gguf_logits(*ctx.gemm, w.type, w.data, x, rows, w.out_features, w.in_features, ctx.scratch,
+                               ctx.scratch_elems, y, ctx.stream);
 }
 
 /// Embedding rows x[i][:] = f32(w[ids[i]][:]) for a table kept as bf16 or in GGUF blocks (decoded exactly).

@@ -22,6 +22,7 @@
 
 #include "infer/core/dtype.hpp"
 #include "infer/kernels/cuda/ops.hpp"
+#include "infer/quant/gguf_dot.hpp"
 
 namespace infer::kernels::cuda {
 
@@ -138,6 +139,11 @@ void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t
 void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
 
+/// Logits: y[M][N] (f32) = x · Wᵀ for a bf16 LM head: `bf16_gemv` up to bf16_gemv_preferred_rows() rows (where
+/// it takes the operands), cuBLASLt with f32 output above.
+void bf16_logits(Gemm& gemm, const std::uint16_t* w, const std::uint16_t* x_bf16, std::int64_t M, std::int64_t N,
+                 std::int64_t K, float* y_f32, void* stream);
+
 /// Logits: y[M][N] (f32) = x · Wᵀ for an LM head in GGUF blocks: `gguf_gemv` for M ≤ kGemvMaxRows, else the
 /// head dequantized to bf16 a chunk of rows at a time into `w_scratch_bf16` (scratch_elems values, at least K)
 /// and multiplied by `gemm` into those columns of y, so the head never needs a bf16 copy of its own.
@@ -184,12 +190,9 @@ Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path);
 void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x_bf16, int M, std::int64_t I,
                       std::int64_t K, std::uint16_t* y_bf16, void* stream);
 
-/// Whether `gguf_gemv` takes this weight type: every GGUF block type the library reads.
-[[nodiscard]] constexpr bool gemv_supports(DType type) noexcept {
-  return type == DType::q8_0 || type == DType::q4_0 || type == DType::q4_1 || type == DType::q5_0 ||
-         type == DType::q5_1 || type == DType::q4_k || type == DType::q5_k || type == DType::q6_k ||
-         type == DType::iq4_nl || type == DType::iq4_xs;
-}
+/// Whether `gguf_gemv` takes this weight type: every type its integer dot product decodes (all the GGUF block
+/// types the library reads).
+[[nodiscard]] constexpr bool gemv_supports(DType type) noexcept { return quant::dot_supports(type); }
 
 }  // namespace infer::kernels::cuda
 
