@@ -29,6 +29,7 @@
 #include "infer/kernels/cuda/gemm.hpp"
 #include "infer/quant/gguf_dot.hpp"
 #include "chained_launch.cuh"
+#include "q8_activations.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -77,52 +78,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/// x[MM][K] (bf16) into int8 codes xq[MM][K] and scales xs[MM][K/32], by the whole CTA: each thread takes 8
-/// values (one 16-byte load), 4 neighbouring lanes a block, and they agree on its maximum by shuffles.
-template <int MM>
-__device__ __forceinline__ void quantize_x(const std::uint16_t* __restrict__ x, std::int64_t K, std::int8_t* xq,
-                                           quant::Q8Scale* xs) {
-  const std::int64_t chunks = MM * K / 8;  // a multiple of 4: the lanes of a block are never split
-  for (std::int64_t base = 0; base < chunks; base += kThreads) {  // uniform trip count: full-warp shuffles
-    const std::int64_t c = base + threadIdx.x;
-    const bool ok = c < chunks;
-    float v[8];
-    float amax = 0.0f;
-    if (ok) {
-      const uint4 u = reinterpret_cast<const uint4*>(x)[c];
-      const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        v[2 * e] = __uint_as_float(w[e] << 16);
-        v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = 0.0f;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int sum = 0;
-    std::uint32_t packed[2] = {0u, 0u};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int q = __float2int_rn(v[e] * id);
-      sum += q;
-      packed[e / 4] |= (static_cast<std::uint32_t>(q) & 0xffu) << (8 * (e % 4));
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);              // lanes 0-1 of the block: values 0-15
-    const int other = __shfl_xor_sync(0xffffffffu, sum, 2);  // lanes 2-3: values 16-31
-    if (ok) {
-      reinterpret_cast<uint2*>(xq)[c] = make_uint2(packed[0], packed[1]);
-      if ((threadIdx.x & 3u) == 0)
-        xs[c / 4] = quant::Q8Scale{amax / 127.0f, static_cast<std::int16_t>(sum), static_cast<std::int16_t>(other)};
-    }
-  }
 }
 
 template <DType T, int MM>
@@ -195,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
 
   // The weights do not depend on x: their first copies are in flight while the CTA quantizes it.
   for (int s = 0; s < kStages - 1; ++s) issue();
-  quantize_x<MM>(x, K, xq, xs);
+  quantize_q8_chunks(x, MM * K / 8, MM * K / 8, xq, xs, threadIdx.x, kThreads);
   __syncthreads();
   if (row0 >= N) {  // no barrier follows
     cp_async_wait<0>();

@@ -354,9 +354,69 @@ TEST_CASE("cuda::gguf_gemv writes f32 logits and strided columns", "[cuda][gemm]
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("cuda::gguf_mmq matches the integer reference for every type, 9..64 rows", "[cuda][gemm]") {
+  // The int8 tensor-core matmul: N off the CTA's 128 rows, K off its 256-value chunks (32-value types), rows
+  // off 16-byte alignment, K split over CTAs (N small, K wide), every m16 tile count, f32 and strided outputs.
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  std::uint32_t seed = test_seed("cuda::gguf_mmq");
+  for (DType t : kGemvTypes) {
+    const std::int64_t be = info(t).block_elems;
+    struct Shape {
+      std::int64_t N, K;
+      int M;
+    };
+    const Shape shapes[] = {{333, be * (be == 32 ? 67 : 9), 9},  {333, be * (be == 32 ? 67 : 9), 64},
+                            {130, be, 17},                      {61, 14336, 33},
+                            {1000, 4096, 48},                   {7, 512, 16}};
+    for (const Shape& s : shapes) {
+      ++seed;
+      const std::size_t w_shift = (s.M % 2) ? 2 : 0;
+      const bool f32 = s.M == 33 || s.M == 16;
+      const std::int64_t ldy = s.M == 48 ? s.N + 5 : s.N;
+      INFO("type " << name(t) << " M=" << s.M << " N=" << s.N << " K=" << s.K << " weight shift " << w_shift
+                   << (f32 ? " f32" : " bf16") << " ldy " << ldy << " seed " << seed);
+      std::mt19937 rng(seed);
+      const auto blocks = test::random_tensor(t, static_cast<std::size_t>(s.N * s.K), rng);
+      const auto xb = random_bf16(static_cast<std::size_t>(s.M * s.K), rng);
+      const Reference r = q8_reference(t, blocks, to_f32(xb), s.M, s.N, s.K);
+      const std::size_t ws = kc::gguf_mmq_workspace_bytes(t, s.N, s.K);
+      REQUIRE(ws > 0);
+      const auto out = static_cast<std::size_t>(s.M * ldy);
+      test::DeviceMem dw(blocks.size() + w_shift), dx(xb.size() * 2), dy(out * 4), dws(ws);
+      CUDA_REQUIRE(cudaMemcpy(dw.as<std::byte>(w_shift), blocks.data(), blocks.size(), cudaMemcpyHostToDevice));
+      upload(dx.p, xb);
+      CUDA_REQUIRE(cudaMemset(dy.p, 0xff, out * 4));
+      CUDA_REQUIRE(cudaMemset(dws.p, 0x7f, ws));  // stale workspace must not matter
+      if (f32)
+        kc::gguf_mmq(t, dw.as<std::byte>(w_shift), dx.as<std::uint16_t>(), s.M, s.N, s.K, dy.as<float>(), dws.p, ws,
+                     stream, ldy);
+      else
+        kc::gguf_mmq(t, dw.as<std::byte>(w_shift), dx.as<std::uint16_t>(), s.M, s.N, s.K, dy.as<std::uint16_t>(),
+                     dws.p, ws, stream, ldy);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      std::vector<float> got(r.y.size());
+      int touched = 0;
+      const auto gf = download<float>(dy.p, out);
+      const auto gb = to_f32(download<std::uint16_t>(dy.p, out));
+      for (std::int64_t m = 0; m < s.M; ++m)
+        for (std::int64_t c = 0; c < ldy; ++c) {
+          const auto i = static_cast<std::size_t>(m * ldy + c);
+          const float v = f32 ? gf[i] : gb[i];
+          if (c < s.N) got[static_cast<std::size_t>(m * s.N + c)] = v;
+          else if (!std::isnan(v)) ++touched;  // the columns past N stay as they were (NaN)
+        }
+      CHECK(touched == 0);
+      check_close(got, r.y, r.abs_y, s.K, f32 ? std::ldexp(1.0, -20) : std::ldexp(1.0, -8), 8.0);
+    }
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("cuda::gguf_linear at every row count 1..64 for every type", "[cuda][gemm]") {
-  // Rows 1..8 take the GEMV, 9..64 the dequantize + GEMM; 64 also through gguf_gemm directly. Each row count
-  // on fresh random blocks.
+  // Rows 1..8 take the GEMV, 9..64 the int8 MMA (both on int8 activations: the integer reference), and 64 also
+  // through gguf_gemm directly (dequantize + bf16 GEMM: the reference on bf16-rounded weights). Each row count
+  // on fresh random blocks, with the scratch gguf_scratch_elems asks for.
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   kc::Gemm gemm;
@@ -369,28 +429,30 @@ TEST_CASE("cuda::gguf_linear at every row count 1..64 for every type", "[cuda][g
       INFO("type " << name(t) << " M=" << M << " N=" << N << " K=" << K << " seed " << seed);
       std::mt19937 rng(seed);
       const auto blocks = test::random_tensor(t, static_cast<std::size_t>(N * K), rng);
-      std::vector<float> w(static_cast<std::size_t>(N * K));
-      kernels::cpu::dequantize(t, blocks, w);
-      const bool via_gemv = M <= infer::quant::kGgufDotMaxRows;
-      w = round_bf16(std::move(w));  // the GEMM path multiplies bf16-rounded weights
       const auto xb = random_bf16(static_cast<std::size_t>(M * K), rng);
-      const Reference r = via_gemv ? q8_reference(t, blocks, to_f32(xb), M, N, K) : reference(to_f32(xb), w, M, N, K);
+      static_assert(infer::quant::kGgufDotMaxRows == kc::kMmqMaxRows);
+      const Reference r = q8_reference(t, blocks, to_f32(xb), M, N, K);
 
-      test::DeviceMem dw(blocks.size()), dx(xb.size() * 2), dy(r.y.size() * 2), scratch(static_cast<std::size_t>(N * K) * 2);
+      const std::size_t scratch_elems = kc::gguf_scratch_elems(t, N, K);
+      REQUIRE(scratch_elems >= static_cast<std::size_t>(N * K));
+      test::DeviceMem dw(blocks.size()), dx(xb.size() * 2), dy(r.y.size() * 2), scratch(scratch_elems * 2);
       upload(dw.p, blocks);
       upload(dx.p, xb);
       CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
-      kc::gguf_linear(gemm, t, dw.p, dx.as<std::uint16_t>(), M, N, K, via_gemv ? nullptr : scratch.as<std::uint16_t>(),
-                      dy.as<std::uint16_t>(), stream);
+      kc::gguf_linear(gemm, t, dw.p, dx.as<std::uint16_t>(), M, N, K,
+                      M <= kc::kGemvMaxRows ? nullptr : scratch.as<std::uint16_t>(), dy.as<std::uint16_t>(), stream);
       CUDA_REQUIRE(cudaStreamSynchronize(stream));
       const auto got = to_f32(download<std::uint16_t>(dy.p, r.y.size()));
-      check_close(got, r.y, r.abs_y, K, std::ldexp(1.0, -8), via_gemv ? 8.0 : 2.0);
+      check_close(got, r.y, r.abs_y, K, std::ldexp(1.0, -8), 8.0);
       if (M == 64) {
+        std::vector<float> w(static_cast<std::size_t>(N * K));
+        kernels::cpu::dequantize(t, blocks, w);
+        const Reference rg = reference(to_f32(xb), round_bf16(std::move(w)), M, N, K);  // the GEMM's bf16 weights
         CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
         kc::gguf_gemm(gemm, t, dw.p, dx.as<std::uint16_t>(), M, N, K, scratch.as<std::uint16_t>(), dy.as<std::uint16_t>(),
                       stream);
         CUDA_REQUIRE(cudaStreamSynchronize(stream));
-        check_close(to_f32(download<std::uint16_t>(dy.p, r.y.size())), r.y, r.abs_y, K, std::ldexp(1.0, -8), 2.0);
+        check_close(to_f32(download<std::uint16_t>(dy.p, rg.y.size())), rg.y, rg.abs_y, K, std::ldexp(1.0, -8), 2.0);
       }
     }
   }
@@ -418,6 +480,24 @@ TEST_CASE("cuda linear layers reject bad arguments", "[cuda][gemm]") {
   CHECK_THROWS_WITH(kc::gguf_gemv(DType::q8_0, w.p, xp + 1, 1, 16, 32, yp, nullptr), Contains("16-byte aligned"));
   CHECK_THROWS_AS(kc::gguf_gemv(DType::q8_0, w.as<char>(1), xp, 1, 16, 32, yp, nullptr), InvalidArgument);
   CHECK_NOTHROW(kc::gguf_gemv(DType::q8_0, nullptr, nullptr, 1, 0, 32, static_cast<std::uint16_t*>(nullptr), nullptr));  // N = 0: nothing to do
+  // gguf_mmq
+  {
+    const std::size_t ws = kc::gguf_mmq_workspace_bytes(DType::q4_k, 16, 256);
+    test::DeviceMem dws(ws);
+    CHECK(kc::gguf_mmq_workspace_bytes(DType::f16, 16, 256) == 0);
+    CHECK(kc::gguf_mmq_workspace_bytes(DType::q4_k, 16, 100) == 0);
+    CHECK_THROWS_WITH(kc::gguf_mmq(DType::q4_k, w.p, xp, 65, 16, 256, yp, dws.p, ws, nullptr),
+                      Contains("M = 65") && Contains("gguf_gemm"));
+    CHECK_THROWS_AS(kc::gguf_mmq(DType::q4_k, w.p, xp, 0, 16, 256, yp, dws.p, ws, nullptr), InvalidArgument);
+    CHECK_THROWS_WITH(kc::gguf_mmq(DType::q4_k, w.p, xp, 9, 16, 100, yp, dws.p, ws, nullptr), Contains("K=100"));
+    CHECK_THROWS_AS(kc::gguf_mmq(DType::f16, w.p, xp, 9, 16, 256, yp, dws.p, ws, nullptr), UnsupportedError);
+    CHECK_THROWS_WITH(kc::gguf_mmq(DType::q4_k, w.p, xp, 9, 16, 256, yp, dws.p, ws - 16, nullptr),
+                      Contains("workspace") && Contains("needs"));
+    CHECK_THROWS_WITH(kc::gguf_mmq(DType::q4_k, w.p, xp, 9, 16, 256, yp, nullptr, ws, nullptr), Contains("workspace"));
+    CHECK_THROWS_WITH(kc::gguf_mmq(DType::q4_k, w.p, xp + 1, 9, 16, 256, yp, dws.p, ws, nullptr),
+                      Contains("16-byte aligned"));
+    CHECK_THROWS_WITH(kc::gguf_mmq(DType::q4_k, w.p, xp, 9, 16, 256, yp, dws.p, ws, nullptr, 15), Contains("stride 15"));
+  }
   // Gemm
   kc::Gemm gemm;
   CHECK_THROWS_AS(gemm.run(xp, xp, yp, 1, 16, 0, nullptr), InvalidArgument);
@@ -563,6 +643,54 @@ TEST_CASE("cuda::bf16_gemv_swiglu matches gemm_xwt followed by SwiGLU", "[cuda][
     CHECK_THROWS_AS(kc::bf16_gemv_swiglu(d.as<std::uint16_t>(), d.as<std::uint16_t>(), 9, 4, 16, d.as<std::uint16_t>(),
                                          stream),
                     InvalidArgument);
+  }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cuda][.bench][gemm_bench]") {
+  // Which path wins where: the integer GEMV (M <= 8), the int8 MMA (gguf_mmq, any M <= 64) and dequantize +
+  // bf16 GEMM (gguf_gemm), per layer and block type; each with enough copies of the weight to defeat the L2.
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  kc::Gemm gemm;
+  struct Layer {
+    const char* name;
+    std::int64_t N, K;
+  };
+  const Layer layers[] = {{"q", 4096, 4096}, {"kv", 1024, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336},
+                          {"lm_head", 128256, 4096}};
+  for (DType t : {DType::q4_k, DType::q6_k, DType::q8_0, DType::q4_0}) {
+    for (const Layer& l : layers) {
+      const std::size_t bytes = *row_bytes(t, static_cast<std::uint64_t>(l.N * l.K));
+      const int copies = static_cast<int>(std::max<std::size_t>(2, (400u << 20) / bytes));
+      test::DeviceMem w(bytes * static_cast<std::size_t>(copies)), x(static_cast<std::size_t>(l.K) * 2 * 64),
+          y(static_cast<std::size_t>(l.N) * 2 * 64), scratch(kc::gguf_scratch_elems(t, l.N, l.K) * 2);
+      CUDA_REQUIRE(cudaMemset(w.p, 0x11, bytes * static_cast<std::size_t>(copies)));  // finite f16 scales
+      CUDA_REQUIRE(cudaMemset(x.p, 0x3c, static_cast<std::size_t>(l.K) * 2 * 64));
+      const auto wi = [&](int i) { return w.as<std::byte>(bytes * static_cast<std::size_t>(i)); };
+      const std::size_t ws = kc::gguf_mmq_workspace_bytes(t, l.N, l.K);
+      const auto gbs = [&](double ms) { return static_cast<double>(bytes) / (ms * 1e-3) / 1e9; };
+      for (int M : {1, 2, 4, 8, 9, 16, 24, 32, 48, 64}) {
+        const double mmq = median_ms(copies, stream, [&](int i) {
+          kc::gguf_mmq(t, wi(i), x.as<std::uint16_t>(), M, l.N, l.K, y.as<std::uint16_t>(), scratch.p, ws, stream);
+        });
+        std::printf("%-6s %-7s M=%2d: mmq %8.2f us %6.0f GB/s", std::string(name(t)).c_str(), l.name, M, mmq * 1e3,
+                    gbs(mmq));
+        if (M <= kc::kGemvMaxRows) {
+          const double gemv = median_ms(copies, stream, [&](int i) {
+            kc::gguf_gemv(t, wi(i), x.as<std::uint16_t>(), M, l.N, l.K, y.as<std::uint16_t>(), stream);
+          });
+          std::printf(" | gemv %8.2f us %6.0f GB/s", gemv * 1e3, gbs(gemv));
+        } else {
+          const double deq = median_ms(copies, stream, [&](int i) {
+            kc::gguf_gemm(gemm, t, wi(i), x.as<std::uint16_t>(), M, l.N, l.K, scratch.as<std::uint16_t>(),
+                          y.as<std::uint16_t>(), stream);
+          });
+          std::printf(" | dequantize+gemm %8.2f us", deq * 1e3);
+        }
+        std::printf("\n");
+      }
+    }
   }
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }

@@ -47,8 +47,9 @@ namespace infer::test {
 struct Bf16Stages {
   static constexpr std::string_view name = "bf16-stages";
   static constexpr double kUnitRoundoff = 0.00390625;  ///< 2^-8: bf16 keeps 8 significant bits
-  /// Rows up to which GgufInPlace multiplies blocks by int8 dot products (the GEMV), above them by a bf16 GEMM.
-  static constexpr std::int32_t kGemvMaxRows = quant::kGgufDotMaxRows;
+  /// Rows up to which GgufInPlace multiplies blocks by int8 dot products (the GEMV, then the int8 MMA), above
+  /// them by a bf16 GEMM.
+  static constexpr std::int32_t kIntDotMaxRows = quant::kGgufDotMaxRows;
 
   enum class Mode { exact, round, perturb };
 
@@ -122,7 +123,7 @@ struct Bf16Stages {
     xr.assign(x, x + in_n);
     // The weight's rounding perturbs each product w·x by a relative error, as rounding x does: modelled
     // as one more rounding of x (same variance of the sum; round mode keeps the weights exact).
-    const bool gemv = l.gemv_reads_blocks && rows <= kGemvMaxRows;
+    const bool gemv = l.gemv_reads_blocks && rows <= kIntDotMaxRows;
     const bool weight = l.weight_rounded && !gemv;
     apply(xr, 1 + (weight ? 1 : 0));
     if (gemv) quantize_int8(xr);

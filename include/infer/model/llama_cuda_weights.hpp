@@ -96,7 +96,8 @@ class LlamaCudaWeights {
   [[nodiscard]] std::int64_t split_out() const noexcept { return split_out_; }
   /// Device bytes of matmul workspace a step of T rows needs (0: none), the model's scratch buffer: the most
   /// any linear asks for, by `workspace_bytes(rows)` (Fp8: the activation's codes and scales) or, in a step
-  /// above kGemvMaxRows rows, by `scratch_elems()` (a GGUF weight dequantized to bf16 for the GEMM).
+  /// above kGemvMaxRows rows, by `scratch_elems()` (a GGUF weight's int8 MMA workspace, or the weight
+  /// dequantized to bf16 for the GEMM).
   [[nodiscard]] std::size_t workspace_bytes(std::int64_t T) const {
     std::size_t bytes = 0;
     const auto need = [&](const linear& w) {
@@ -112,11 +113,9 @@ class LlamaCudaWeights {
     }
     // A head in blocks is dequantized a chunk of rows at a time into this scratch: at least kHeadChunkRows of
     // it, even where every layer is bf16 and asks for none.
-    if constexpr (kTables && requires { head_table_.scratch_elems(); })
+    if constexpr (kTables && requires { head_table_.head_scratch_elems(kHeadChunkRows); })
       if (T > kernels::cuda::kGemvMaxRows)
-        bytes = std::max(bytes, std::min(head_table_.scratch_elems(),
-                                         static_cast<std::size_t>(kHeadChunkRows * head_table_.in())) *
-                                    sizeof(bf16));
+        bytes = std::max(bytes, head_table_.head_scratch_elems(kHeadChunkRows) * sizeof(bf16));
     return bytes;
   }
   [[nodiscard]] std::size_t bytes() const noexcept { return arena_.used(); }

@@ -33,12 +33,10 @@ namespace infer::quant {
 /// Values per activation block and per weight segment.
 inline constexpr int kQ8Block = 32;
 
-/// The rows (tokens) up to which the CUDA backend multiplies GGUF blocks by these dot products (one GEMV launch,
-/// kernels::cuda::kGemvMaxRows); above, it dequantizes the weight to bf16 and runs a GEMM. The GEMV is compute-
-/// bound past a few rows: on an H100 (2026-12-06, SmolLM2 Q4_1, 128 + 128) decode ran at 1,411 tok/s at batch 1
-/// and 7,393 at batch 8, and reading the blocks once per 8 rows lost to dequantize + GEMM at 16 rows (8,798
-/// against 12,307 tok/s) and 32 (9,811 against 23,346). Here for the CPU-side rounding model (no CUDA header).
-inline constexpr int kGgufDotMaxRows = 8;
+/// The rows (tokens) up to which the CUDA backend multiplies GGUF blocks by these integer sums on int8 activations
+/// (the GEMV up to 8 rows, the int8 tensor-core MMA up to kernels::cuda::kMmqMaxRows); above, it dequantizes the
+/// weight to bf16 and runs a GEMM. Here for the CPU-side rounding model (no CUDA header).
+inline constexpr int kGgufDotMaxRows = 64;
 
 /// One activation block's scale and the sums of its codes: value i ≈ d · q_i.
 struct Q8Scale {

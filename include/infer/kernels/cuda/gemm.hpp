@@ -127,6 +127,30 @@ void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, in
 void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
                float* y_f32, void* stream, std::int64_t ldy = 0);
 
+/// The largest M `gguf_mmq` accepts; above it (prefill) dequantize + bf16 GEMM wins: the weight's decode is
+/// paid once for many rows, and the bf16 tensor cores are twice as many per SM as the int8 work needs there.
+inline constexpr int kMmqMaxRows = 64;
+
+/// y[M][N] = x[M][K] (bf16) · W[N][K]ᵀ with W in GGUF blocks (any type gemv_supports takes), for batched decode:
+/// x quantized to int8 per 32 values into `workspace`, each weight block read once and decoded once into int8
+/// codes for all M rows, multiplied on the int8 tensor cores (mma.sync m16n8k32), f32 sums scaled per 32-value
+/// segment (kernels/cuda/gguf_mmq.cu). y is bf16 or f32 (logits), row m at y + m·ldy (ldy 0: N).
+/// Requirements: 1 ≤ M ≤ kMmqMaxRows, K > 0 a multiple of the block size, ldy ≥ N, x and the workspace 16-byte
+/// aligned, w 2-byte aligned, y aligned to its element, `workspace_bytes` ≥ gguf_mmq_workspace_bytes(type, N, K,
+/// M). InvalidArgument otherwise (UnsupportedError for other types); DeviceError if a launch fails. N of 0
+/// does nothing.
+void gguf_mmq(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
+              std::uint16_t* y_bf16, void* workspace, std::size_t workspace_bytes, void* stream, std::int64_t ldy = 0);
+void gguf_mmq(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
+              float* y_f32, void* workspace, std::size_t workspace_bytes, void* stream, std::int64_t ldy = 0);
+/// Device bytes of workspace gguf_mmq needs for any 1..max_rows rows of this weight on the current GPU (x's
+/// codes and scales, and partial sums where K is split); 0 for a type or shape it does not take.
+[[nodiscard]] std::size_t gguf_mmq_workspace_bytes(DType type, std::int64_t N, std::int64_t K,
+                                                   int max_rows = kMmqMaxRows);
+/// bf16 values of scratch `gguf_linear` needs for this weight at any M: the weight dequantized (above
+/// kMmqMaxRows rows), or gguf_mmq's workspace.
+[[nodiscard]] std::size_t gguf_scratch_elems(DType type, std::int64_t N, std::int64_t K);
+
 /// y[M][N] (bf16) = x · Wᵀ for any M: dequantizes `w_blocks` (any type `dequantize` takes) into
 /// `w_scratch_bf16` (N * K values, device memory the caller owns and may reuse once the stream has
 /// passed this call) and runs `gemm`. Meant for M > kGemvMaxRows (prefill), where the bf16 GEMM's
@@ -134,18 +158,20 @@ void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, in
 void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
 
-/// `gguf_gemv` for M ≤ kGemvMaxRows and a type it takes, `gguf_gemm` otherwise (`w_scratch_bf16` may then
-/// be null when M ≤ kGemvMaxRows).
+/// `gguf_gemv` for M ≤ kGemvMaxRows, `gguf_mmq` up to kMmqMaxRows (for a type they take), `gguf_gemm` above.
+/// `w_scratch_bf16` holds gguf_scratch_elems(type, N, K) values (it may be null when M ≤ kGemvMaxRows). Row m of
+/// y is at y + m·ldy (ldy 0: N) up to kMmqMaxRows rows; above, ldy must be 0 or N (the GEMM writes rows of N).
 void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
-                 std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
+                 std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream,
+                 std::int64_t ldy = 0);
 
 /// Logits: y[M][N] (f32) = x · Wᵀ for a bf16 LM head: `bf16_gemv` up to bf16_gemv_preferred_rows() rows (where
 /// it takes the operands), cuBLASLt with f32 output above.
 void bf16_logits(Gemm& gemm, const std::uint16_t* w, const std::uint16_t* x_bf16, std::int64_t M, std::int64_t N,
                  std::int64_t K, float* y_f32, void* stream);
 
-/// Logits: y[M][N] (f32) = x · Wᵀ for an LM head in GGUF blocks: `gguf_gemv` for M ≤ kGemvMaxRows, else the
-/// head dequantized to bf16 a chunk of rows at a time into `w_scratch_bf16` (scratch_elems values, at least K)
+/// Logits: y[M][N] (f32) = x · Wᵀ for an LM head in GGUF blocks: `gguf_gemv` for M ≤ kGemvMaxRows, `gguf_mmq`
+/// up to kMmqMaxRows where the scratch holds its workspace, else the head dequantized to bf16 a chunk of rows at a time into `w_scratch_bf16` (scratch_elems values, at least K)
 /// and multiplied by `gemm` into those columns of y, so the head never needs a bf16 copy of its own.
 void gguf_logits(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::size_t scratch_elems, float* y_f32,

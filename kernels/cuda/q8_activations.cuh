@@ -1,0 +1,63 @@
+// Activations quantized to int8 per 32 values for the GGUF integer kernels (gguf_gemv.cu, gguf_mmq.cu): the
+// codes and quant::Q8Scale of quant::quantize_q8_block, the CPU reference, bit for bit (the same IEEE division
+// and round-to-nearest-even; the maximum is exact in any order).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "infer/quant/gguf_dot.hpp"
+
+namespace infer::kernels::cuda {
+
+/// x (bf16) into int8 codes xq and a Q8Scale per 32 values, by a set of threads that walk the 8-value chunks
+/// from `first` in steps of `stride`: each thread takes 8 values (one 16-byte load), 4 neighbouring lanes a
+/// block, which agree on its maximum by shuffles. Chunks at or past `valid` (of `chunks`, a multiple of 4) are
+/// zeros: codes 0 and scale 0, the padding rows of a tile. `first` and `stride` must keep whole warps together
+/// (each a multiple of 32 plus the lane): the loop's trip count is uniform across a warp, for its shuffles.
+__device__ __forceinline__ void quantize_q8_chunks(const std::uint16_t* __restrict__ x, std::int64_t valid,
+                                                   std::int64_t chunks, std::int8_t* xq, quant::Q8Scale* xs,
+                                                   std::int64_t first, std::int64_t stride) {
+  const std::int64_t lane0 = first & ~std::int64_t{31};  // the warp's first chunk of this round
+  for (std::int64_t base = lane0; base < chunks; base += stride) {
+    const std::int64_t c = base + (first & 31);
+    const bool store = c < chunks;
+    float v[8];
+    float amax = 0.0f;
+    if (c < valid) {
+      const uint4 u = reinterpret_cast<const uint4*>(x)[c];
+      const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v[2 * e] = __uint_as_float(w[e] << 16);
+        v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    std::uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int q = __float2int_rn(v[e] * id);
+      sum += q;
+      packed[e / 4] |= (static_cast<std::uint32_t>(q) & 0xffu) << (8 * (e % 4));
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);              // lanes 0-1 of the block: values 0-15
+    const int other = __shfl_xor_sync(0xffffffffu, sum, 2);  // lanes 2-3: values 16-31
+    if (store) {
+      reinterpret_cast<uint2*>(xq)[c] = make_uint2(packed[0], packed[1]);
+      if ((c & 3) == 0)
+        xs[c / 4] = quant::Q8Scale{amax / 127.0f, static_cast<std::int16_t>(sum), static_cast<std::int16_t>(other)};
+    }
+  }
+}
+
+}  // namespace infer::kernels::cuda
