@@ -13,11 +13,11 @@
 // - x is quantized first, by its own small kernel, to int8 codes and a Q8Scale per 32 values in the
 //   workspace (quantize_q8_chunks: the CPU reference's codes bit for bit), rows padded with zeros to a
 //   multiple of 16 (MMA tiles);
-// - a CTA of 8 warps owns 128 weight rows and a range of K (split-K where the rows alone would leave SMs
+// - a CTA of 4 warps owns 64 weight rows and a range of K (split-K where the rows alone would leave SMs
 //   idle: the partial sums go to the workspace and a third kernel adds them), walked in chunks of 256 values
 //   (one K-quant block, eight 32-value blocks) through a 3-stage ring of `cp.async` copies: the chunk's
 //   weight bytes (16-byte copies covering each row's unaligned bytes, as in the GEMV), x's codes and scales;
-// - per chunk, the CTA decodes the 128 × 8 segments (quant::decode_segment, one thread a segment) into codes
+// - per chunk, the CTA decodes the 64 × 8 segments (quant::decode_segment, one thread a segment) into codes
 //   at a 272-byte row stride, so the lanes of a fragment load hit 32 different banks, then each warp
 //   multiplies its 16 rows (two n8 tiles) by all of x's m16 tiles and scales the integer tiles into f32
 //   accumulators;
@@ -38,7 +38,10 @@
 namespace infer::kernels::cuda {
 namespace {
 
-constexpr int kWarps = 8;
+// 4 warps and 64 rows a CTA keep its shared memory small enough (75 KB on Q4_K at ≤ 16 rows) for 3 CTAs an
+// SM: one CTA's decode and barriers overlap another's copies and MMAs. With 8 warps and 128 rows (one CTA an
+// SM) the H100 read Q4_K at ~500 GB/s at any M ≤ 16, latency-bound (2026-12-06, bench "GGUF matmul paths").
+constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileN = kWarps * 16;  // weight rows per CTA: 16 per warp, two n8 MMA tiles
 constexpr int kChunk = 256;          // K values per pipeline step
@@ -48,6 +51,8 @@ constexpr int kCodeStride = kChunk + 16;  // bytes per row of int8 codes in shar
 constexpr int kCodeWords = kCodeStride / 4;
 constexpr int kMaxSplits = 16;
 constexpr std::int64_t kMaxSmem = 227 * 1024;
+constexpr std::int64_t kSmemPerSm = 228 * 1024;  // sm_90: each resident CTA also reserves 1 KiB
+constexpr int kMaxCtasPerSm = 4;                  // ≤ 128 registers a thread: 4 CTAs of 128 threads fill 64 Ki
 
 /// A chunk's weight bytes per row, and their place in a stage.
 template <DType T>
@@ -142,15 +147,29 @@ __global__ void __launch_bounds__(kThreads, 1) mmq_kernel(const unsigned char* _
     const std::int64_t n = n0 + r < N ? n0 + r : N - 1;
     return wbeg + static_cast<std::uintptr_t>(n * row_bytes + k0 / R::elems * R::bytes);
   };
+  // A thread's 16-byte weight copies are the same (row, piece) pairs in every chunk: their rows' addresses are
+  // worked out once.
+  constexpr int kIssue = (kTileN * R::slots + kThreads - 1) / kThreads;
+  std::uintptr_t row_base[kIssue];
+#pragma unroll
+  for (int j = 0; j < kIssue; ++j) {
+    const int r = (tid + j * kThreads) / R::slots;
+    const std::int64_t n = n0 + r < N ? n0 + r : N - 1;  // rows past N repeat the last (their outputs are not written)
+    row_base[j] = wbeg + static_cast<std::uintptr_t>(n * row_bytes);
+  }
   auto issue = [&](int i) {  // chunk i of this CTA into stage i % kStages
     if (i < nchunks) {
       const std::int64_t k0 = chunk_k0(i);
       const int segs = chunk_segs(k0);
-      const int raw = segs * quant::kQ8Block / R::elems * R::bytes;
+      const auto raw = static_cast<unsigned>(segs * quant::kQ8Block / R::elems * R::bytes);
+      const auto offset = static_cast<std::uintptr_t>(k0 / R::elems * R::bytes);
       unsigned char* st = smem + (i % kStages) * kStage;
-      for (int idx = tid; idx < kTileN * R::slots; idx += kThreads) {
+#pragma unroll
+      for (int j = 0; j < kIssue; ++j) {
+        const int idx = tid + j * kThreads;
+        if (kTileN * R::slots % kThreads != 0 && idx >= kTileN * R::slots) break;
         const int r = idx / R::slots, c = idx % R::slots;
-        const std::uintptr_t start = row_start(r, k0), end = start + static_cast<unsigned>(raw);
+        const std::uintptr_t start = row_base[j] + offset, end = start + raw;
         const std::uintptr_t src = (start & ~std::uintptr_t{15}) + 16u * static_cast<unsigned>(c);
         if (src >= end) continue;
         unsigned char* dst = st + r * R::stride + 16 * c;
@@ -165,15 +184,14 @@ __global__ void __launch_bounds__(kThreads, 1) mmq_kernel(const unsigned char* _
         }
       }
       unsigned char* xc = st + kTileN * R::stride;
-      const int pieces = segs * 2;  // 16-byte copies per row of x
-      for (int idx = tid; idx < MP * pieces; idx += kThreads) {
-        const int m = idx / pieces, c = idx % pieces;
-        cp_async16(xc + m * kCodeStride + 16 * c, xq + m * K + k0 + 16 * c);
+      for (int idx = tid; idx < MP * 16; idx += kThreads) {  // x's codes: up to 16 copies of 16 bytes a row
+        const int m = idx >> 4, c = idx & 15;
+        if (c < 2 * segs) cp_async16(xc + m * kCodeStride + 16 * c, xq + m * K + k0 + 16 * c);
       }
       auto* xsc = reinterpret_cast<quant::Q8Scale*>(xc + MP * kCodeStride);
-      for (int idx = tid; idx < MP * segs; idx += kThreads) {
-        const int m = idx / segs, s = idx % segs;
-        cp_async8(xsc + m * kChunkSegs + s, xs + m * xblocks + k0 / quant::kQ8Block + s);
+      for (int idx = tid; idx < MP * kChunkSegs; idx += kThreads) {  // and their scales
+        const int m = idx / kChunkSegs, s = idx % kChunkSegs;
+        if (s < segs) cp_async8(xsc + m * kChunkSegs + s, xs + m * xblocks + k0 / quant::kQ8Block + s);
       }
     }
     cp_async_commit();  // empty groups too, so wait_group counts stay uniform
@@ -312,13 +330,35 @@ int sm_count(DType type) {
   return sms;
 }
 
-/// How K is split: the split count that finishes soonest when each SM runs one CTA at a time (shared memory
-/// allows no more), a split's chunks cost their weight bytes, and the partial sums cost their f32 traffic.
+/// CTAs an SM holds at once, by their shared memory.
+template <DType T>
+int ctas_per_sm_of(int mt) {
+  const std::int64_t smem = smem_bytes<T>(mt * 16) + 1024;
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(kMaxCtasPerSm, kSmemPerSm / smem)));
+}
+int ctas_per_sm(DType type, int mt) {
+  switch (type) {
+    case DType::q8_0: return ctas_per_sm_of<DType::q8_0>(mt);
+    case DType::q4_0: return ctas_per_sm_of<DType::q4_0>(mt);
+    case DType::q4_1: return ctas_per_sm_of<DType::q4_1>(mt);
+    case DType::q5_0: return ctas_per_sm_of<DType::q5_0>(mt);
+    case DType::q5_1: return ctas_per_sm_of<DType::q5_1>(mt);
+    case DType::q4_k: return ctas_per_sm_of<DType::q4_k>(mt);
+    case DType::q5_k: return ctas_per_sm_of<DType::q5_k>(mt);
+    case DType::q6_k: return ctas_per_sm_of<DType::q6_k>(mt);
+    case DType::iq4_nl: return ctas_per_sm_of<DType::iq4_nl>(mt);
+    default: return ctas_per_sm_of<DType::iq4_xs>(mt);
+  }
+}
+
+/// How K is split: the split count that finishes soonest when the SMs' CTA slots run the grid in waves, a
+/// split's chunks cost their weight bytes, and the partial sums cost their f32 traffic.
 struct Plan {
   int splits = 1;
   int chunks_per_split = 1;
 };
 Plan plan(DType type, int rows, std::int64_t N, std::int64_t K, int sms) {
+  sms *= ctas_per_sm(type, (rows + 15) / 16);  // CTA slots
   const std::int64_t tiles = (N + kTileN - 1) / kTileN;
   const std::int64_t chunks = (K + kChunk - 1) / kChunk;
   const double chunk_bytes = static_cast<double>(kTileN) * static_cast<double>(*row_bytes(type, kChunk));

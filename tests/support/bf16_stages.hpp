@@ -106,7 +106,8 @@ struct Bf16Stages {
       l.out_roundings = 2;
     const bool exact_bf16 = t.dummy.has_value() || t.type == DType::bf16;
     l.weight_rounded = !exact_bf16;
-    // GgufInPlace's GEMV (kernels/cuda/gguf_gemv.cu) reads every GGUF block type exactly, with int8 inputs.
+    // GgufInPlace's GEMV and int8 MMA (kernels/cuda/gguf_gemv.cu, gguf_mmq.cu) read every GGUF block type
+    // exactly, with int8 inputs.
     l.gemv_reads_blocks = !t.dummy.has_value() && quant::dot_supports(t.type);
     return l;
   }

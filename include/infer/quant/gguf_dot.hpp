@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// Integer dot products of GGUF weight blocks with int8-quantized activations, written once for host and
-/// device (`INFER_HD`): the CUDA GEMV (kernels/cuda/gguf_gemv.cu) runs them, the CPU calls the very same
-/// code as the test oracle.
+/// device (`INFER_HD`): the CUDA GEMV (kernels/cuda/gguf_gemv.cu) runs them, the int8 tensor-core matmul
+/// (gguf_mmq.cu) decodes its segments with them, and the CPU calls the very same code as the test oracle.
 ///
 /// Why integers: batch-1 decode reads each weight once, so the GEMV must decode blocks as fast as memory
 /// delivers them. Widening every 4-bit code to a float and multiplying it by a bf16 activation costs ~6
