@@ -3,6 +3,7 @@
 # CUDA build (niced) beside infer's GGUF matmul bench and then its whole [cuda] suite, then the 8B-shaped GGUF
 # files, the side-by-side decode (gpu_suite.sh peer-decode) and the ncu profile (peer-profile). Everything is
 # logged into $SESSION_OUT (not the call's $OUT, which every call empties).
+#   0. optionally, on this machine: bench/pack_peer_build.sh (llama.cpp built here ahead, into .xfer/peers);
 #   1. carrying .deps and .xfer/peers:  source .deps/unpack.sh && mkdir -p /opt/deps && cp .deps/unpack.sh /opt/deps/ &&
 #      rm -rf /root/peers && cp -r .xfer/peers /root/peers
 #   2-3. the default model's two parts (../shared/device/stage.sh), one call each;
@@ -11,7 +12,7 @@
 #      ln -sf /root/stage/SmolLM2-135M-Instruct.Q4_1.gguf models/ && export SESSION_OUT=/root/session &&
 #      bench/device_job.sh start peers bash bench/peer_session.sh && bench/device_job.sh wait peers 560 /root/session
 #   5+. bench/device_job.sh wait peers 560 /root/session, until it ends.
-# About 13 minutes of device time at 2026-12-06 (llama.cpp's build ~6, the 8B files ~1.5, peer-decode ~4).
+# About 13 minutes of device time at 2026-12-06 with llama.cpp built on the device (~6 of them), ~8 with it built ahead.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 : "${SESSION_OUT:?set SESSION_OUT to the results folder on the device}"
@@ -20,22 +21,34 @@ mkdir -p "$OUT"
 build=${BUILD:-build-gpu}
 stamp() { echo "=== $(date -u +%H:%M:%S) $*"; }
 rm -f /root/lcp.done
-nice -n 10 bash /root/peers/device.sh build >"$OUT/lcp-build.log" 2>&1 &
-lcp=$!
-stamp "llama.cpp build started"
-# GPU timings first, while only the (niced) compiler competes for the CPUs.
+prebuilt=0
+if [ -f /root/peers/lcp-bin.tar.xz ]; then
+  # llama.cpp built ahead from the same source and flags (bench/pack_peer_build.sh): 6 minutes of device time
+  # saved. Its build tree's RPATH names the folder it was built in, so the programs go back there.
+  src=$(cat /root/peers/lcp-bin.path)
+  mkdir -p "$src" /root/lcp/llama.cpp && tar xJf /root/peers/lcp-bin.tar.xz -C "$src" &&
+    ln -sfn "$src" /root/lcp/llama.cpp/build && echo 0 >/root/lcp.done && prebuilt=1
+  stamp "llama.cpp built ahead: unpacked (status $?)"
+else
+  nice -n 10 bash /root/peers/device.sh build >"$OUT/lcp-build.log" 2>&1 &
+  stamp "llama.cpp build started"
+fi
+# GPU timings first, while at most the (niced) compiler competes for the CPUs.
 "$build"/tests/test_cuda "bench: GGUF matmul paths*" >"$OUT/gguf-matmul-paths.log" 2>&1
 stamp "GGUF matmul paths bench: status $?"
-# The [cuda] suite's CPU reference on a few threads beside the build; it must end before the timed runs below.
-OPENBLAS_NUM_THREADS=6 nice -n 5 "$build"/tests/test_cuda "[cuda]" --durations yes >"$OUT/test-cuda.log" 2>&1 &
+# The [cuda] suite's CPU reference on part of the CPUs, beside llama.cpp's build or the 8B files' making;
+# both end before the timed runs below.
+OPENBLAS_NUM_THREADS=8 nice -n 5 "$build"/tests/test_cuda "[cuda]" --durations yes >"$OUT/test-cuda.log" 2>&1 &
 tests=$!
-wait $lcp
-stamp "llama.cpp build: status $?"
+if [ $prebuilt = 0 ]; then
+  while [ ! -f /root/lcp.done ]; do sleep 2; done
+  stamp "llama.cpp build: status $(cat /root/lcp.done)"
+fi
+bash /root/peers/device.sh models models/SmolLM2-135M-Instruct.Q4_1.gguf >"$OUT/peer-models.log" 2>&1 ||
+  { stamp "peer models failed"; tail -20 "$OUT/peer-models.log"; }
+stamp "8B files: $(ls /root/peer 2>/dev/null | tr '\n' ' ')"
 wait $tests
 stamp "[cuda] suite: status $?; $(tail -n 2 "$OUT/test-cuda.log" | tr '\n' ' ')"
-bash /root/peers/device.sh models models/SmolLM2-135M-Instruct.Q4_1.gguf >"$OUT/peer-models.log" 2>&1 ||
-  { stamp "peer models failed"; tail -20 "$OUT/peer-models.log"; exit 1; }
-stamp "8B files made"
 bash bench/gpu_suite.sh peer-decode >"$OUT/peer-decode.log" 2>&1
 stamp "peer-decode: status $?"
 bash bench/gpu_suite.sh peer-profile >"$OUT/peer-profile.log" 2>&1

@@ -29,6 +29,7 @@
 #include "infer/kernels/cuda/gemm.hpp"
 #include "infer/quant/gguf_dot.hpp"
 #include "chained_launch.cuh"
+#include "mma_bf16.cuh"
 #include "q8_activations.cuh"
 
 namespace infer::kernels::cuda {
@@ -70,14 +71,11 @@ constexpr std::int64_t smem_bytes(DType t, int M, std::int64_t K) {
   return x_smem_bytes(M, K) + kWarps * kStages * buf_bytes(t);
 }
 
+using detail::cp_async_commit;
+using detail::cp_async_wait;
+/// 16 bytes global -> shared, asynchronously (mma_bf16.cuh's copy, never zero-filled here).
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+  detail::cp_async_16(detail::smem_u32(smem_dst), gmem_src, true);
 }
 
 template <DType T, int MM>
@@ -213,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
 
 void check(cudaError_t e, DType type, const char* what) {
   if (e != cudaSuccess)
-    throw DeviceError(detail::cat("cuda::gguf_gemv(", name(type), "): ", what, " failed: ", cudaGetErrorName(e), ": ",
+    throw DeviceError(infer::detail::cat("cuda::gguf_gemv(", name(type), "): ", what, " failed: ", cudaGetErrorName(e), ": ",
                                   cudaGetErrorString(e)));
 }
 
@@ -266,31 +264,31 @@ void run(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, s
          void* y, std::int64_t ldy, bool y_f32, void* stream) {
   const DTypeInfo ti = info(type);
   if (!gemv_supports(type))
-    throw UnsupportedError(detail::cat("cuda::gguf_gemv: weight type ", ti.name,
+    throw UnsupportedError(infer::detail::cat("cuda::gguf_gemv: weight type ", ti.name,
                                        " is not supported (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, iq4_nl, "
                                        "iq4_xs are); use gguf_gemm"));
   if (M < 1 || M > kGemvMaxRows)
-    throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): M = ", M, " rows; it takes 1..", kGemvMaxRows,
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): M = ", M, " rows; it takes 1..", kGemvMaxRows,
                                       " (use gguf_gemm for larger batches)"));
   if (N < 0 || K < 1 || K % ti.block_elems != 0)
-    throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): bad shape N=", N, " K=", K,
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): bad shape N=", N, " K=", K,
                                       " (K must be a positive multiple of the block size ", ti.block_elems, ")"));
   const int per_launch = rows_per_launch(type, K);
   if (per_launch < 1)
-    throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): K=", K, " is too wide for one row of x in ",
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): K=", K, " is too wide for one row of x in ",
                                       kMaxSmem / 1024, " KiB of shared memory; use gguf_gemm"));
   if (ldy == 0) ldy = N;
   if (ldy < N)
-    throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): output row stride ", ldy, " < N=", N));
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): output row stride ", ldy, " < N=", N));
   if (N == 0) return;
   if (w_blocks == nullptr || x_bf16 == nullptr || y == nullptr)
-    throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): null ",
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): null ",
                                       w_blocks == nullptr ? "weight" : (x_bf16 == nullptr ? "x" : "y"), " pointer"));
   if (reinterpret_cast<std::uintptr_t>(x_bf16) % 16 != 0)
-    throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): x pointer ", static_cast<const void*>(x_bf16),
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): x pointer ", static_cast<const void*>(x_bf16),
                                       " is not 16-byte aligned"));
   if (reinterpret_cast<std::uintptr_t>(w_blocks) % 2 != 0 || reinterpret_cast<std::uintptr_t>(y) % (y_f32 ? 4 : 2) != 0)
-    throw InvalidArgument(detail::cat("cuda::gguf_gemv(", ti.name, "): weight and y pointers must be aligned to 2 (",
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): weight and y pointers must be aligned to 2 (",
                                       "y: to its element) bytes"));
   auto s = static_cast<cudaStream_t>(stream);
   const std::size_t y_elem = y_f32 ? 4 : 2;

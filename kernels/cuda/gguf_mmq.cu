@@ -33,6 +33,7 @@
 #include "infer/kernels/cuda/gemm.hpp"
 #include "infer/quant/gguf_dot.hpp"
 #include "chained_launch.cuh"
+#include "mma_bf16.cuh"
 #include "q8_activations.cuh"
 
 namespace infer::kernels::cuda {
@@ -79,18 +80,14 @@ constexpr std::int64_t smem_bytes(int mp) {
 static_assert(smem_bytes<DType::q8_0>(64) <= kMaxSmem, "the widest block type at 64 rows fits shared memory");
 static_assert(smem_bytes<DType::q6_k>(64) <= kMaxSmem && smem_bytes<DType::q5_1>(64) <= kMaxSmem);
 
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem_src) : "memory");
-}
+using detail::cp_async_commit;
+using detail::cp_async_wait;
 __device__ __forceinline__ void cp_async8(void* smem_dst, const void* gmem_src) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem_src) : "memory");
+  detail::cp_async_8(detail::smem_u32(smem_dst), gmem_src);
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+/// 16 bytes global -> shared, asynchronously (mma_bf16.cuh's copy, never zero-filled here).
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
+  detail::cp_async_16(detail::smem_u32(smem_dst), gmem_src, true);
 }
 
 /// c = a (16×32, row) · b (32×8, col) in int32, the fragments of PTX's m16n8k32 .s8 layout.
@@ -319,7 +316,7 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const float* __restric
 
 void check(cudaError_t e, DType type, const char* what) {
   if (e != cudaSuccess)
-    throw DeviceError(detail::cat("cuda::gguf_mmq(", name(type), "): ", what, " failed: ", cudaGetErrorName(e), ": ",
+    throw DeviceError(infer::detail::cat("cuda::gguf_mmq(", name(type), "): ", what, " failed: ", cudaGetErrorName(e), ": ",
                                   cudaGetErrorString(e)));
 }
 
@@ -424,34 +421,34 @@ void run(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, s
          std::int64_t ldy, bool y_f32, void* workspace_ptr, std::size_t workspace_bytes, void* stream) {
   const DTypeInfo ti = info(type);
   if (!quant::dot_supports(type))
-    throw UnsupportedError(detail::cat("cuda::gguf_mmq: weight type ", ti.name,
+    throw UnsupportedError(infer::detail::cat("cuda::gguf_mmq: weight type ", ti.name,
                                        " is not supported (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, iq4_nl, "
                                        "iq4_xs are); use gguf_gemm"));
   if (M < 1 || M > kMmqMaxRows)
-    throw InvalidArgument(detail::cat("cuda::gguf_mmq(", ti.name, "): M = ", M, " rows; it takes 1..", kMmqMaxRows,
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_mmq(", ti.name, "): M = ", M, " rows; it takes 1..", kMmqMaxRows,
                                       " (use gguf_gemm for larger batches)"));
   if (N < 0 || K < 1 || K % ti.block_elems != 0)
-    throw InvalidArgument(detail::cat("cuda::gguf_mmq(", ti.name, "): bad shape N=", N, " K=", K,
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_mmq(", ti.name, "): bad shape N=", N, " K=", K,
                                       " (K must be a positive multiple of the block size ", ti.block_elems, ")"));
   if (ldy == 0) ldy = N;
-  if (ldy < N) throw InvalidArgument(detail::cat("cuda::gguf_mmq(", ti.name, "): output row stride ", ldy, " < N=", N));
+  if (ldy < N) throw InvalidArgument(infer::detail::cat("cuda::gguf_mmq(", ti.name, "): output row stride ", ldy, " < N=", N));
   if (N == 0) return;
   if (w_blocks == nullptr || x_bf16 == nullptr || y == nullptr || workspace_ptr == nullptr)
-    throw InvalidArgument(detail::cat("cuda::gguf_mmq(", ti.name, "): null ",
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_mmq(", ti.name, "): null ",
                                       w_blocks == nullptr ? "weight"
                                       : x_bf16 == nullptr ? "x"
                                       : y == nullptr      ? "y"
                                                           : "workspace",
                                       " pointer"));
   if (reinterpret_cast<std::uintptr_t>(x_bf16) % 16 != 0 || reinterpret_cast<std::uintptr_t>(workspace_ptr) % 16 != 0)
-    throw InvalidArgument(detail::cat("cuda::gguf_mmq(", ti.name, "): x and the workspace must be 16-byte aligned"));
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_mmq(", ti.name, "): x and the workspace must be 16-byte aligned"));
   if (reinterpret_cast<std::uintptr_t>(w_blocks) % 2 != 0 || reinterpret_cast<std::uintptr_t>(y) % (y_f32 ? 4 : 2) != 0)
-    throw InvalidArgument(detail::cat("cuda::gguf_mmq(", ti.name, "): weight and y pointers must be aligned to 2 (",
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_mmq(", ti.name, "): weight and y pointers must be aligned to 2 (",
                                       "y: to its element) bytes"));
   const Plan p = plan(type, M, N, K, sm_count(type));
   const Workspace ws = workspace(M, N, K, p);
   if (workspace_bytes < ws.total())
-    throw InvalidArgument(detail::cat("cuda::gguf_mmq(", ti.name, "): ", workspace_bytes, " bytes of workspace for M=",
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_mmq(", ti.name, "): ", workspace_bytes, " bytes of workspace for M=",
                                       M, " N=", N, " K=", K, "; it needs ", ws.total()));
   auto* base = static_cast<unsigned char*>(workspace_ptr);
   auto* xq = reinterpret_cast<std::int8_t*>(base);
