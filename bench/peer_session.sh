@@ -4,8 +4,9 @@
 # files, the side-by-side decode (gpu_suite.sh peer-decode) and the ncu profile (peer-profile). Everything is
 # logged into $SESSION_OUT (not the call's $OUT, which every call empties).
 #   0. optionally, on this machine: bench/pack_peer_build.sh (llama.cpp built here ahead, into .xfer/peers);
-#   1. carrying .deps and .xfer/peers:  source .deps/unpack.sh && mkdir -p /opt/deps && cp .deps/unpack.sh /opt/deps/ &&
-#      rm -rf /root/peers && cp -r .xfer/peers /root/peers
+#   1. carrying .deps and .xfer/peers (or, with llama.cpp built ahead, .xfer/peers without its source package, in a
+#      call of its own: the two are over the 64 MiB a call carries):  source .deps/unpack.sh && mkdir -p /opt/deps &&
+#      cp .deps/unpack.sh /opt/deps/ && rm -rf /root/peers && cp -r .xfer/peers /root/peers
 #   2-3. the default model's two parts (../shared/device/stage.sh), one call each;
 #   4. carrying .xfer/gpu-build.tar.xz (bench/pack_gpu_build.sh, at the commit under test):
 #      source /opt/deps/unpack.sh && export INFER_COMMIT=<sha> && bash bench/gpu_suite.sh unpack && mkdir -p models &&
@@ -27,8 +28,17 @@ if [ -f /root/peers/lcp-bin.tar.xz ]; then
   # saved. Its build tree's RPATH names the folder it was built in, so the programs go back there.
   src=$(cat /root/peers/lcp-bin.path)
   mkdir -p "$src" /root/lcp/llama.cpp && tar xJf /root/peers/lcp-bin.tar.xz -C "$src" &&
-    ln -sfn "$src" /root/lcp/llama.cpp/build && echo 0 >/root/lcp.done && prebuilt=1
-  stamp "llama.cpp built ahead: unpacked (status $?)"
+    ln -sfn "$src" /root/lcp/llama.cpp/build && prebuilt=1
+  missing=$(ldd "$src"/bin/llama-bench "$src"/bin/libggml-cuda.so | grep "not found" | sort -u)
+  if [ $prebuilt = 1 ] && [ -z "$missing" ]; then
+    echo 0 >/root/lcp.done
+    stamp "llama.cpp built ahead: unpacked"
+  else
+    prebuilt=0
+    rm -f /root/lcp/llama.cpp/build
+    stamp "llama.cpp built ahead does not run here (${missing:-unpack failed}); building it"
+    nice -n 10 bash /root/peers/device.sh build >"$OUT/lcp-build.log" 2>&1 &
+  fi
 else
   nice -n 10 bash /root/peers/device.sh build >"$OUT/lcp-build.log" 2>&1 &
   stamp "llama.cpp build started"
