@@ -32,7 +32,7 @@
 #include "infer/model/dummy.hpp"
 #include "infer/testing/tiny_model.hpp"
 #include "support/cuda_test_support.hpp"
-#include "support/gguf_writer.hpp"
+#include "support/mixed_gguf.hpp"
 #include "support/greedy_workload.hpp"
 #include "support/rounding_noise.hpp"
 #include "unit/engine/engine_test_support.hpp"
@@ -470,69 +470,10 @@ TEST_CASE("GgufInPlace holds a GGUF file's tensors in the file's bytes on the GP
   CHECK(ratio <= 1.01);
 }
 
-namespace {
-
-/// A 2-layer Llama GGUF whose tensors mix every kind of block layout the way llama.cpp's mixes do: q and k in
-/// Q4_K beside v in Q6_K (a stack of different types, loaded as parts), o in Q5_0, gate/up in Q4_0 (one
-/// stack), down in IQ4_XS (layer 0) and Q5_K (layer 1), the embedding in Q8_0, the head in Q6_K; random
-/// blocks with finite scales, norms 1.
-std::filesystem::path write_mixed_gguf() {
-  constexpr std::uint32_t H = 256, I = 512, V = 512, heads = 4, kv_heads = 2, D = H / heads, layers = 2;
-  test::GgufWriter g;
-  g.add("general.architecture", gguf::Value{std::string("llama")});
-  g.add("llama.block_count", gguf::Value{layers});
-  g.add("llama.context_length", gguf::Value{std::uint32_t{512}});
-  g.add("llama.embedding_length", gguf::Value{H});
-  g.add("llama.feed_forward_length", gguf::Value{I});
-  g.add("llama.attention.head_count", gguf::Value{heads});
-  g.add("llama.attention.head_count_kv", gguf::Value{kv_heads});
-  g.add("llama.attention.layer_norm_rms_epsilon", gguf::Value{1e-5f});
-  g.add("llama.rope.freq_base", gguf::Value{10000.0f});
-  g.add("llama.vocab_size", gguf::Value{V});
-  std::mt19937 rng(test_seed("mixed-type GGUF"));
-  const auto ggml_id = [](DType t) -> std::uint32_t {
-    switch (t) {
-      case DType::q4_0: return 2;
-      case DType::q5_0: return 6;
-      case DType::q8_0: return 8;
-      case DType::q4_k: return 12;
-      case DType::q5_k: return 13;
-      case DType::q6_k: return 14;
-      case DType::iq4_xs: return 23;
-      default: FAIL("no ggml id for " << name(t)); return 0;
-    }
-  };
-  const auto blocks = [&](const std::string& n, DType t, std::uint64_t in, std::uint64_t out) {
-    g.tensor(n, ggml_id(t), {in, out}, test::random_tensor(t, static_cast<std::size_t>(in * out), rng));
-  };
-  const std::vector<float> ones(H, 1.0f);
-  blocks("token_embd.weight", DType::q8_0, H, V);
-  g.tensor_f32("output_norm.weight", {H}, ones);
-  blocks("output.weight", DType::q6_k, H, V);
-  for (std::uint32_t l = 0; l < layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    g.tensor_f32(p + "attn_norm.weight", {H}, ones);
-    g.tensor_f32(p + "ffn_norm.weight", {H}, ones);
-    blocks(p + "attn_q.weight", DType::q4_k, H, H);
-    blocks(p + "attn_k.weight", DType::q4_k, H, kv_heads * D);
-    blocks(p + "attn_v.weight", DType::q6_k, H, kv_heads * D);
-    blocks(p + "attn_output.weight", DType::q5_0, H, H);
-    blocks(p + "ffn_gate.weight", DType::q4_0, H, I);
-    blocks(p + "ffn_up.weight", DType::q4_0, H, I);
-    blocks(p + "ffn_down.weight", l == 0 ? DType::iq4_xs : DType::q5_k, I, H);
-  }
-  const auto bytes = g.build();
-  const auto path = std::filesystem::temp_directory_path() / detail::cat("infer-mixed-", ::getpid(), ".gguf");
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                               static_cast<std::streamsize>(bytes.size()));
-  return path;
-}
-
-}  // namespace
 
 TEST_CASE("GPU decoder on a GGUF of mixed block types (parts of different types, head and embedding in blocks)",
           "[cuda][model]") {
-  const auto path = write_mixed_gguf();
+  const auto path = test::write_mixed_gguf();
   struct Remove {
     std::filesystem::path p;
     ~Remove() {

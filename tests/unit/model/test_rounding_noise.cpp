@@ -18,6 +18,7 @@
 #include "infer/testing/tiny_model.hpp"
 #include "support/fixtures.hpp"
 #include "support/greedy_workload.hpp"
+#include "support/mixed_gguf.hpp"
 #include "support/rounding_noise.hpp"
 #include "support/test_seed.hpp"
 #include "unit/engine/engine_test_support.hpp"
@@ -65,6 +66,52 @@ double rounded_within_bound(const ModelSource& src, std::uint32_t seed, int step
     }
     pos += static_cast<std::int32_t>(tokens.size());
     tokens = {static_cast<std::int32_t>(std::max_element(want.begin(), want.end()) - want.begin())};
+  }
+  return worst;
+}
+
+/// compare_decoders' steps (tests/cuda/test_cuda_model.cpp: a two-chunk prefill, decode rows beside a continued
+/// chunk, decode steps of two rows, then of one) with the round-mode decoder standing in for the GPU: every
+/// logit within the bound; returns the worst |rounded − exact| / σ.
+double rounded_steps_within_bound(const ModelSource& src, std::uint32_t seed) {
+  const ModelConfig& c = src.config();
+  const auto V = static_cast<std::size_t>(c.vocab_size);
+  constexpr std::int32_t bs = 16, blocks = 24;
+  RoundingNoise noise(src, blocks, bs, seed);
+  auto rounded = RoundingNoise::Model::load(src);
+  KvCache<cpu> cache(static_cast<std::int32_t>(c.num_layers), blocks, bs, static_cast<std::int32_t>(c.num_kv_heads),
+                     static_cast<std::int32_t>(c.head_dim));
+  cache.poison();
+  std::mt19937 rng(seed);
+  const Tokens table_a = {5, 17, 2, 11, 20, 0}, table_b = {9, 3, 14, 22, 7, 1};
+  const Tokens a = random_tokens(37, c.vocab_size, rng), b = random_tokens(50, c.vocab_size, rng);
+  std::vector<float> got;
+  double worst = 0;
+  auto step = [&](const std::vector<ForwardChunk>& chunks, const char* what) {
+    INFO(what);
+    const std::vector<double>& sigma = noise.step(chunks);
+    {
+      Bf16Stages::Scope round(Bf16Stages::Mode::round);
+      rounded.forward(chunks, cache, got);
+    }
+    const std::vector<float>& want = noise.exact();
+    REQUIRE(got.size() == want.size());
+    std::size_t bad = 0;
+    for (std::size_t j = 0; j < want.size(); ++j) {
+      const double d = std::fabs(static_cast<double>(got[j]) - want[j]);
+      worst = std::max(worst, d / sigma[j]);
+      if (!(d <= noise_bound(want[j], sigma[j])) && ++bad <= 3)
+        FAIL_CHECK("row " << j / V << ", logit " << j % V << ": rounded " << got[j] << ", exact " << want[j] << ", σ "
+                          << sigma[j]);
+    }
+  };
+  const Tokens b_head(b.begin(), b.begin() + 20), b_tail(b.begin() + 20, b.end());
+  step({ForwardChunk{a, 0, table_a, true}, ForwardChunk{b_head, 0, table_b, false}}, "prefill: a whole, b's head");
+  step({ForwardChunk{random_tokens(1, c.vocab_size, rng), 37, table_a, true}, ForwardChunk{b_tail, 20, table_b, true}},
+       "a decodes, b's tail");
+  for (std::int32_t i = 0; i < 4; ++i) {
+    const Tokens ta = random_tokens(1, c.vocab_size, rng), tb = random_tokens(1, c.vocab_size, rng);
+    step({ForwardChunk{ta, 38 + i, table_a, true}, ForwardChunk{tb, 50 + i, table_b, true}}, "decode both");
   }
   return worst;
 }
@@ -242,4 +289,22 @@ TEST_CASE("bench: replay_greedy of nine SmolLM2 prompts (the [cuda] tests' CPU r
               seconds, std::thread::hardware_concurrency(), kernels::cpu::blas_info().c_str(), r.summary().c_str());
   for (const auto& f : r.failures) UNSCOPED_INFO(f);
   CHECK(r.ok());
+}
+
+TEST_CASE("the round-mode decoder on a GGUF of mixed block types stays within the derived bound", "[model][noise]") {
+  // The [cuda] test "GPU decoder on a GGUF of mixed block types" with the CPU's exact reproduction of the
+  // GPU's roundings (int8 activations up to 64 rows: the GEMV and the int8 MMA) in place of the GPU, on the
+  // [cuda] test's seed and three others. On 2026-12-06 the GPU failed that test at one decode step (logit 14:
+  // gpu 2522.6, exact 1889.8, σ 54) and this reproduction failed it the same way (2533.0): the GPU computed
+  // what the model says, and the file's random scales (weights of size 10-40) made the step discontinuous.
+  // With the file's weights at a trained layer's size (support/mixed_gguf.hpp) the worst is 4.4-5.3 σ.
+  const auto path = write_mixed_gguf();
+  for (int k = 0; k < 4; ++k) {
+    // k = 0: the seed of the [cuda] test (its tokens and perturbations), then others
+    const std::uint32_t seed = test_seed(k == 0 ? std::string("mixed block types") : detail::cat("mixed block types, rounded ", k));
+    const double worst = rounded_steps_within_bound(ModelSource::open(path), seed);
+    std::printf("  mixed block types, seed %u: worst |rounded - exact| / sigma %.2f (bound %.0f)\n", seed, worst, kSigmas);
+    CHECK(worst < kSigmas);
+  }
+  std::filesystem::remove(path);
 }
