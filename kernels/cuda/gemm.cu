@@ -379,11 +379,11 @@ void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t
   gemm.run(x_bf16, w_scratch_bf16, y_bf16, M, N, K, stream);
 }
 
-static_assert(quant::kGgufDotMaxRows == kMmqMaxRows, "the rounding model's integer-dot rows are the kernels'");
+static_assert(quant::kGgufDotMaxRows == kMmqPreferredRows, "the rounding model's integer-dot rows are the decoder's");
 
 std::size_t gguf_scratch_elems(DType type, std::int64_t N, std::int64_t K) {
   const std::size_t dequantized = static_cast<std::size_t>(std::max<std::int64_t>(N, 0) * std::max<std::int64_t>(K, 0));
-  return std::max(dequantized, (gguf_mmq_workspace_bytes(type, N, K) + 1) / 2);
+  return std::max(dequantized, (gguf_mmq_workspace_bytes(type, N, K, kMmqPreferredRows) + 1) / 2);
 }
 
 void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
@@ -391,7 +391,7 @@ void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16
                  std::int64_t ldy) {
   if (M >= 1 && M <= kGemvMaxRows && gemv_supports(type)) {
     gguf_gemv(type, w_blocks, x_bf16, static_cast<int>(M), N, K, y_bf16, stream, ldy);
-  } else if (M >= 1 && M <= kMmqMaxRows && gemv_supports(type)) {
+  } else if (M >= 1 && M <= kMmqPreferredRows && gemv_supports(type)) {
     gguf_mmq(type, w_blocks, x_bf16, static_cast<int>(M), N, K, y_bf16, w_scratch_bf16,
              gguf_scratch_elems(type, N, K) * sizeof(std::uint16_t), stream, ldy);
   } else {
@@ -417,7 +417,7 @@ void gguf_logits(Gemm& gemm, DType type, const void* w_blocks, const std::uint16
     gguf_gemv(type, w_blocks, x_bf16, static_cast<int>(M), N, K, y_f32, stream);
     return;
   }
-  if (M >= 1 && M <= kMmqMaxRows && gemv_supports(type)) {
+  if (M >= 1 && M <= kMmqPreferredRows && gemv_supports(type)) {
     const std::size_t need = gguf_mmq_workspace_bytes(type, N, K, static_cast<int>(M));
     if (w_scratch_bf16 != nullptr && need > 0 && need <= scratch_elems * sizeof(std::uint16_t)) {
       gguf_mmq(type, w_blocks, x_bf16, static_cast<int>(M), N, K, y_f32, w_scratch_bf16,

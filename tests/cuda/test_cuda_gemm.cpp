@@ -414,9 +414,9 @@ TEST_CASE("cuda::gguf_mmq matches the integer reference for every type, 9..64 ro
 }
 
 TEST_CASE("cuda::gguf_linear at every row count 1..64 for every type", "[cuda][gemm]") {
-  // Rows 1..8 take the GEMV, 9..64 the int8 MMA (both on int8 activations: the integer reference), and 64 also
-  // through gguf_gemm directly (dequantize + bf16 GEMM: the reference on bf16-rounded weights). Each row count
-  // on fresh random blocks, with the scratch gguf_scratch_elems asks for.
+  // Rows 1..8 take the GEMV, 9..32 the int8 MMA (both on int8 activations: the integer reference), 33..64
+  // dequantize + bf16 GEMM (the reference on bf16-rounded weights), and 64 also the MMQ directly. Each row
+  // count on fresh random blocks, with the scratch gguf_scratch_elems asks for.
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   kc::Gemm gemm;
@@ -430,8 +430,12 @@ TEST_CASE("cuda::gguf_linear at every row count 1..64 for every type", "[cuda][g
       std::mt19937 rng(seed);
       const auto blocks = test::random_tensor(t, static_cast<std::size_t>(N * K), rng);
       const auto xb = random_bf16(static_cast<std::size_t>(M * K), rng);
-      static_assert(infer::quant::kGgufDotMaxRows == kc::kMmqMaxRows);
-      const Reference r = q8_reference(t, blocks, to_f32(xb), M, N, K);
+      static_assert(infer::quant::kGgufDotMaxRows == kc::kMmqPreferredRows);
+      const bool integer = M <= kc::kMmqPreferredRows;  // the GEMV or the MMQ; above, dequantize + GEMM
+      std::vector<float> w(static_cast<std::size_t>(N * K));
+      kernels::cpu::dequantize(t, blocks, w);
+      const Reference r = integer ? q8_reference(t, blocks, to_f32(xb), M, N, K)
+                                  : reference(to_f32(xb), round_bf16(std::move(w)), M, N, K);  // the GEMM's bf16 weights
 
       const std::size_t scratch_elems = kc::gguf_scratch_elems(t, N, K);
       REQUIRE(scratch_elems >= static_cast<std::size_t>(N * K));
@@ -443,16 +447,16 @@ TEST_CASE("cuda::gguf_linear at every row count 1..64 for every type", "[cuda][g
                       M <= kc::kGemvMaxRows ? nullptr : scratch.as<std::uint16_t>(), dy.as<std::uint16_t>(), stream);
       CUDA_REQUIRE(cudaStreamSynchronize(stream));
       const auto got = to_f32(download<std::uint16_t>(dy.p, r.y.size()));
-      check_close(got, r.y, r.abs_y, K, std::ldexp(1.0, -8), 8.0);
-      if (M == 64) {
-        std::vector<float> w(static_cast<std::size_t>(N * K));
-        kernels::cpu::dequantize(t, blocks, w);
-        const Reference rg = reference(to_f32(xb), round_bf16(std::move(w)), M, N, K);  // the GEMM's bf16 weights
+      check_close(got, r.y, r.abs_y, K, std::ldexp(1.0, -8), integer ? 8.0 : 2.0);
+      if (M == 64) {  // the MMQ takes 64 rows too, where the decoder prefers the GEMM
+        const Reference rq = q8_reference(t, blocks, to_f32(xb), M, N, K);
+        const std::size_t ws = kc::gguf_mmq_workspace_bytes(t, N, K);
+        test::DeviceMem dws(ws);
         CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
-        kc::gguf_gemm(gemm, t, dw.p, dx.as<std::uint16_t>(), M, N, K, scratch.as<std::uint16_t>(), dy.as<std::uint16_t>(),
-                      stream);
+        kc::gguf_mmq(t, dw.p, dx.as<std::uint16_t>(), static_cast<int>(M), N, K, dy.as<std::uint16_t>(), dws.p, ws,
+                     stream);
         CUDA_REQUIRE(cudaStreamSynchronize(stream));
-        check_close(to_f32(download<std::uint16_t>(dy.p, rg.y.size())), rg.y, rg.abs_y, K, std::ldexp(1.0, -8), 2.0);
+        check_close(to_f32(download<std::uint16_t>(dy.p, rq.y.size())), rq.y, rq.abs_y, K, std::ldexp(1.0, -8), 8.0);
       }
     }
   }

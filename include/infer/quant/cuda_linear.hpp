@@ -3,7 +3,7 @@
 /// `detail::CudaLinear`: a linear layer's weight in the CUDA weight arena, row-major [out][in], either
 /// as bf16 or as GGUF blocks used in place — and the one matmul both of the CUDA Quantizers (Bf16,
 /// GgufInPlace) run: for bf16 the streaming GEMV at M = 1 and cuBLASLt above; for GGUF blocks the integer GEMV
-/// at M ≤ 8, the int8 tensor-core MMA up to 64 rows and dequantize-to-scratch + GEMM above. Also `load_stacked`, which puts several [out_i][in] tensors one
+/// at M ≤ 8, the int8 tensor-core MMA up to 32 rows and dequantize-to-scratch + GEMM above. Also `load_stacked`, which puts several [out_i][in] tensors one
 /// after another into one weight (q, k, v → qkv; gate, up → gate_up), so a step runs one GEMM for them.
 
 #if defined(INFER_HAVE_CUDA)
@@ -50,7 +50,7 @@ struct CudaLinear {
     v.pointer("data", self.data, self.bytes());
   }
   /// bf16 scratch values a matmul with more than kGemvMaxRows rows needs (0 for bf16 weights): the int8 MMA's
-  /// workspace up to kMmqMaxRows rows, the weight dequantized above. An LM head in blocks needs less: it is
+  /// workspace up to kMmqPreferredRows rows, the weight dequantized above. An LM head in blocks needs less: it is
   /// dequantized a chunk at a time into whatever scratch there is (head_scratch_elems).
   [[nodiscard]] std::size_t scratch_elems() const {
     return type == DType::bf16 ? 0 : kernels::cuda::gguf_scratch_elems(type, out_features, in_features);
@@ -60,7 +60,10 @@ struct CudaLinear {
     if (type == DType::bf16) return 0;
     const auto rows = static_cast<std::size_t>(std::min(chunk_rows, out_features));
     return std::max(rows * static_cast<std::size_t>(in_features),
-                    (kernels::cuda::gguf_mmq_workspace_bytes(type, out_features, in_features) + 1) / 2);
+                    (kernels::cuda::gguf_mmq_workspace_bytes(type, out_features, in_features,
+                                                              kernels::cuda::kMmqPreferredRows) +
+                     1) /
+                        2);
   }
 };
 
@@ -148,11 +151,11 @@ inline void cuda_matmul(CudaMatmulContext& ctx, const CudaLinear& w, const std::
 }
 
 /// cuda_matmul writing row m at y + m·ldy, for a part of a projection whose parts are loaded apart: true when
-/// the kernel writes there itself (GGUF blocks at up to kMmqMaxRows rows: the GEMV or the int8 MMA); false,
+/// the kernel writes there itself (GGUF blocks at up to kMmqPreferredRows rows: the GEMV or the int8 MMA); false,
 /// having done nothing, otherwise (the caller multiplies into a buffer and copies the columns).
 inline bool cuda_matmul_into(CudaMatmulContext& ctx, const CudaLinear& w, const std::uint16_t* x, std::int32_t rows,
                              std::uint16_t* y, std::int64_t ldy) {
-  if (w.type == DType::bf16 || rows < 1 || rows > kernels::cuda::kMmqMaxRows) return false;
+  if (w.type == DType::bf16 || rows < 1 || rows > kernels::cuda::kMmqPreferredRows) return false;
   require<InvalidArgument>(rows <= kernels::cuda::kGemvMaxRows || ctx.scratch_elems >= w.scratch_elems(),
                            "cuda matmul: ", rows, " rows of a ", name(w.type), " weight [", w.out_features, ", ",
                            w.in_features, "] need ", w.scratch_elems(), " bf16 values of scratch; the context has ",

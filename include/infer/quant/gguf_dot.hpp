@@ -34,9 +34,9 @@ namespace infer::quant {
 inline constexpr int kQ8Block = 32;
 
 /// The rows (tokens) up to which the CUDA backend multiplies GGUF blocks by these integer sums on int8 activations
-/// (the GEMV up to 8 rows, the int8 tensor-core MMA up to kernels::cuda::kMmqMaxRows); above, it dequantizes the
-/// weight to bf16 and runs a GEMM. Here for the CPU-side rounding model (no CUDA header).
-inline constexpr int kGgufDotMaxRows = 64;
+/// (the GEMV up to 8 rows, the int8 tensor-core MMA up to kernels::cuda::kMmqPreferredRows); above, it dequantizes
+/// the weight to bf16 and runs a GEMM. Here for the CPU-side rounding model (no CUDA header).
+inline constexpr int kGgufDotMaxRows = 32;
 
 /// One activation block's scale and the sums of its codes: value i ≈ d · q_i.
 struct Q8Scale {

@@ -293,7 +293,7 @@ TEST_CASE("bench: replay_greedy of nine SmolLM2 prompts (the [cuda] tests' CPU r
 
 TEST_CASE("the round-mode decoder on a GGUF of mixed block types stays within the derived bound", "[model][noise]") {
   // The [cuda] test "GPU decoder on a GGUF of mixed block types" with the CPU's exact reproduction of the
-  // GPU's roundings (int8 activations up to 64 rows: the GEMV and the int8 MMA) in place of the GPU, on the
+  // GPU's roundings (int8 activations up to 32 rows: the GEMV and the int8 MMA) in place of the GPU, on the
   // [cuda] test's seed and three others. On 2026-12-06 the GPU failed that test at one decode step (logit 14:
   // gpu 2522.6, exact 1889.8, σ 54) and this reproduction failed it the same way (2533.0): the GPU computed
   // what the model says, and the file's random scales (weights of size 10-40) made the step discontinuous.

@@ -127,9 +127,14 @@ void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, in
 void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
                float* y_f32, void* stream, std::int64_t ldy = 0);
 
-/// The largest M `gguf_mmq` accepts; above it (prefill) dequantize + bf16 GEMM wins: the weight's decode is
-/// paid once for many rows, and the bf16 tensor cores are twice as many per SM as the int8 work needs there.
+/// The largest M `gguf_mmq` accepts.
 inline constexpr int kMmqMaxRows = 64;
+/// The rows up to which the decoder multiplies GGUF blocks by `gguf_mmq` (above kGemvMaxRows), dequantize + bf16
+/// GEMM above. Measured on the H100 (bench/results/gpu-2026-12-06e/gguf-matmul-paths-a12616a-h100.log, Llama-3-8B's
+/// layers): up to 32 rows the MMQ is faster on every layer and type (Q4_K gate_up 164 against 234 µs at 32, 106
+/// against 235 at 16); at 48 it loses on Q6_K and Q8_0 (gate_up 299 against 255 µs), at 64 on all (309 against
+/// 233 on Q4_K): its per-segment f32 scaling is compute-bound there, and the GEMM's decode is paid once.
+inline constexpr int kMmqPreferredRows = 32;
 
 /// y[M][N] = x[M][K] (bf16) · W[N][K]ᵀ with W in GGUF blocks (any type gemv_supports takes), for batched decode:
 /// x quantized to int8 per 32 values into `workspace`, each weight block read once and decoded once into int8
@@ -148,7 +153,7 @@ void gguf_mmq(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int
 [[nodiscard]] std::size_t gguf_mmq_workspace_bytes(DType type, std::int64_t N, std::int64_t K,
                                                    int max_rows = kMmqMaxRows);
 /// bf16 values of scratch `gguf_linear` needs for this weight at any M: the weight dequantized (above
-/// kMmqMaxRows rows), or gguf_mmq's workspace.
+/// kMmqPreferredRows rows), or gguf_mmq's workspace.
 [[nodiscard]] std::size_t gguf_scratch_elems(DType type, std::int64_t N, std::int64_t K);
 
 /// y[M][N] (bf16) = x · Wᵀ for any M: dequantizes `w_blocks` (any type `dequantize` takes) into
@@ -158,9 +163,9 @@ void gguf_mmq(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int
 void gguf_gemm(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream);
 
-/// `gguf_gemv` for M ≤ kGemvMaxRows, `gguf_mmq` up to kMmqMaxRows (for a type they take), `gguf_gemm` above.
+/// `gguf_gemv` for M ≤ kGemvMaxRows, `gguf_mmq` up to kMmqPreferredRows (for a type they take), `gguf_gemm` above.
 /// `w_scratch_bf16` holds gguf_scratch_elems(type, N, K) values (it may be null when M ≤ kGemvMaxRows). Row m of
-/// y is at y + m·ldy (ldy 0: N) up to kMmqMaxRows rows; above, ldy must be 0 or N (the GEMM writes rows of N).
+/// y is at y + m·ldy (ldy 0: N) up to kMmqPreferredRows rows; above, ldy must be 0 or N (the GEMM writes rows of N).
 void gguf_linear(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::uint16_t* y_bf16, void* stream,
                  std::int64_t ldy = 0);
@@ -171,7 +176,7 @@ void bf16_logits(Gemm& gemm, const std::uint16_t* w, const std::uint16_t* x_bf16
                  std::int64_t K, float* y_f32, void* stream);
 
 /// Logits: y[M][N] (f32) = x · Wᵀ for an LM head in GGUF blocks: `gguf_gemv` for M ≤ kGemvMaxRows, `gguf_mmq`
-/// up to kMmqMaxRows where the scratch holds its workspace, else the head dequantized to bf16 a chunk of rows at a time into `w_scratch_bf16` (scratch_elems values, at least K)
+/// up to kMmqPreferredRows where the scratch holds its workspace, else the head dequantized to bf16 a chunk of rows at a time into `w_scratch_bf16` (scratch_elems values, at least K)
 /// and multiplied by `gemm` into those columns of y, so the head never needs a bf16 copy of its own.
 void gguf_logits(Gemm& gemm, DType type, const void* w_blocks, const std::uint16_t* x_bf16, std::int64_t M,
                  std::int64_t N, std::int64_t K, std::uint16_t* w_scratch_bf16, std::size_t scratch_elems, float* y_f32,
