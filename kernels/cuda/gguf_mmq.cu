@@ -3,7 +3,7 @@
 // Why: at 9-32 rows (batched decode) the weights are still read once per step, so the step costs the
 // file's bytes, but the GEMV's dp4a work grows with every row (it lost to dequantize + bf16 GEMM from 16
 // rows on, 2026-12-06), and dequantize + GEMM writes and reads the whole weight in bf16 (~3.5x a Q4_K
-// file's bytes, every step). On the H100 this kernel beat dequantize + GEMM by 25-55% up to 32 rows on
+// file's bytes, every step). On the H100 this kernel beat dequantize + GEMM by 10-55% up to 32 rows on
 // Llama-3-8B's layers and lost from 48-64 rows, where its per-segment f32 scaling (4 instructions per
 // output and segment) is the bound: the decoder uses it up to kMmqPreferredRows (gemm.hpp). Here each weight block is read once from memory and decoded once into int8
 // codes in shared memory, and all rows meet it in `mma.sync` m16n8k32 (s8 · s8 → s32): the integer sums of
