@@ -29,6 +29,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
@@ -494,8 +497,18 @@ std::size_t gguf_mmq_workspace_bytes(DType type, std::int64_t N, std::int64_t K,
     (void)cudaGetLastError();
     sms = 132;
   }
+  max_rows = std::min(max_rows, kMmqMaxRows);
+  // gguf_linear and the matmuls' scratch checks ask this of every GGUF linear of every eager step; the answer
+  // (up to 64 plans of 16 splits each) depends only on these, so it is worked out once per weight shape.
+  using Key = std::tuple<int, int, std::int64_t, std::int64_t, int>;
+  static std::mutex mutex;
+  static std::map<Key, std::size_t> known;
+  const Key key{sms, static_cast<int>(type), N, K, max_rows};
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
   std::size_t most = 0;
-  for (int M = 1; M <= std::min(max_rows, kMmqMaxRows); ++M) most = std::max(most, workspace(M, N, K, plan(type, M, N, K, sms)).total());
+  for (int M = 1; M <= max_rows; ++M) most = std::max(most, workspace(M, N, K, plan(type, M, N, K, sms)).total());
+  known.emplace(key, most);
   return most;
 }
 
