@@ -19,10 +19,20 @@
 //   quant::segment_dot per row: integer sums, floats once per segment;
 // - per-row partial sums are reduced across the warp with shuffles, f32 throughout, rounded once at the end
 //   (bf16, or f32 for logits), written with a row stride so stacked parts land in their columns.
+// Q4_K and Q5_K, whose 144- and 176-byte blocks keep 16-byte alignment, take a leaner walk (`Pairs`): a lane
+// decodes a *pair* of sub-blocks (the 32 bytes of nibbles they share, with two 16-byte shared-memory loads,
+// and the block's 16-byte header once for 64 values instead of once for 32), and x is stored in pieces so that
+// eight lanes on neighbouring pairs read 128 contiguous bytes (no bank conflicts; the segment walk's x reads
+// conflict two ways). ncu at a12616a (H100) had the segment walk at 1.2-1.5 TB/s on Llama-3-8B's Q4_K layers,
+// about 3 instructions a value with its byte loads; the pair walk takes about 1.5.
+// Where the tensor and its rows are 16-byte aligned (every file's tensors are) a step's copy is plain: its
+// chunks are exactly its bytes, without the edge checks the general copy makes per chunk.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
@@ -71,6 +81,87 @@ constexpr std::int64_t smem_bytes(DType t, int M, std::int64_t K) {
   return x_smem_bytes(M, K) + kWarps * kStages * buf_bytes(t);
 }
 
+/// Whether the pair walk takes type t (16-byte blocks of 256 values with a 16-byte header of d, dmin and the
+/// 6-bit scales).
+constexpr bool pair_walk(DType t) { return t == DType::q4_k || t == DType::q5_k; }
+constexpr int kPairVals = 64;  // values of a pair of sub-blocks: one unit of the pair walk
+
+/// x for the pair walk, M rows of K values, U = K / 64 pairs a row: piece r (16 codes) of pair u of row m at
+/// m·K + (r·U + u)·16, and the scale of its sub-block h (0, 1) as float2 {d, d·Σq} at [m·K/32 + h·U + u].
+struct PairXStore {
+  std::int8_t* xq;
+  float2* xs;
+  std::uint32_t chunks_per_row, blocks_per_row, pairs_per_row;  // K/8, K/32, K/64
+  __device__ __forceinline__ void codes(std::int64_t c, uint2 v) const {
+    const auto cc = static_cast<std::uint32_t>(c);
+    const std::uint32_t m = cc / chunks_per_row, i = cc - m * chunks_per_row;  // chunk i of row m: values 8i..
+    const std::uint32_t u = i / 8, r = (i % 8) / 2, half = i % 2;
+    *reinterpret_cast<uint2*>(xq + m * 8 * chunks_per_row + (r * pairs_per_row + u) * 16 + 8 * half) = v;
+  }
+  __device__ __forceinline__ void scale(std::int64_t b, quant::Q8Scale v) const {
+    const auto bb = static_cast<std::uint32_t>(b);
+    const std::uint32_t m = bb / blocks_per_row, i = bb - m * blocks_per_row;
+    xs[m * blocks_per_row + (i % 2) * pairs_per_row + i / 2] =
+        make_float2(v.d, v.d * static_cast<float>(static_cast<int>(v.sum_lo) + v.sum_hi));
+  }
+};
+
+/// Sub-blocks 2p and 2p + 1 of a Q4_K or Q5_K block in shared memory (16-byte aligned): their codes, word i of
+/// q[h] holding values 4i..4i+3 of sub-block 2p + h, and the floats of value l: a[h]·q + b[h].
+struct PairCodes {
+  std::uint32_t q[2][8];
+  float a[2], b[2];
+};
+template <DType T>
+__device__ __forceinline__ void decode_pair(const unsigned char* blk, int p, PairCodes& g) {
+  const uint4 hdr = *reinterpret_cast<const uint4*>(blk);  // d, dmin (f16), then the 12 bytes of scales
+  // The 6-bit scale and min of sub-block j: bytes j of (y, z) & 63 for j < 4; for j >= 4 the low nibbles
+  // (scales) and high nibbles (mins) of w's byte j - 4, topped by the spare two bits of y's and z's.
+  const std::uint32_t sc_lo = hdr.y & 0x3f3f3f3fu, m_lo = hdr.z & 0x3f3f3f3fu;
+  const std::uint32_t sc_hi = (hdr.w & 0x0f0f0f0fu) | ((hdr.y >> 2) & 0x30303030u);
+  const std::uint32_t m_hi = ((hdr.w >> 4) & 0x0f0f0f0fu) | ((hdr.z >> 2) & 0x30303030u);
+  const std::uint32_t scw = p < 2 ? sc_lo : sc_hi, mw = p < 2 ? m_lo : m_hi;
+  const unsigned sh = 16u * static_cast<unsigned>(p & 1);
+  const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&hdr.x));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    g.a[h] = dm.x * static_cast<float>((scw >> (sh + 8 * h)) & 0xffu);
+    g.b[h] = -(dm.y * static_cast<float>((mw >> (sh + 8 * h)) & 0xffu));
+  }
+  constexpr int qs = T == DType::q4_k ? 16 : 48;  // Q5_K keeps 32 bytes of fifth bits before its nibbles
+  const uint4 w0 = *reinterpret_cast<const uint4*>(blk + qs + 32 * p);
+  const uint4 w1 = *reinterpret_cast<const uint4*>(blk + qs + 32 * p + 16);
+  const std::uint32_t w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    g.q[0][i] = w[i] & 0x0f0f0f0fu;
+    g.q[1][i] = (w[i] >> 4) & 0x0f0f0f0fu;
+  }
+  if constexpr (T == DType::q5_k) {  // bit s of qh byte l: the fifth bit of value l of sub-block s
+    const uint4 h0 = *reinterpret_cast<const uint4*>(blk + 16);
+    const uint4 h1 = *reinterpret_cast<const uint4*>(blk + 32);
+    const std::uint32_t hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    const unsigned s0 = 2u * static_cast<unsigned>(p);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      g.q[0][i] |= ((hw[i] >> s0) & 0x01010101u) << 4;
+      g.q[1][i] |= ((hw[i] >> (s0 + 1)) & 0x01010101u) << 4;
+    }
+  }
+}
+
+/// Σ of eight dp4a: sub-block codes against two 16-code pieces of x.
+__device__ __forceinline__ int dot32(const std::uint32_t (&q)[8], uint4 x0, uint4 x1) {
+  int s = __dp4a(static_cast<int>(q[0]), static_cast<int>(x0.x), 0);
+  s = __dp4a(static_cast<int>(q[1]), static_cast<int>(x0.y), s);
+  s = __dp4a(static_cast<int>(q[2]), static_cast<int>(x0.z), s);
+  s = __dp4a(static_cast<int>(q[3]), static_cast<int>(x0.w), s);
+  s = __dp4a(static_cast<int>(q[4]), static_cast<int>(x1.x), s);
+  s = __dp4a(static_cast<int>(q[5]), static_cast<int>(x1.y), s);
+  s = __dp4a(static_cast<int>(q[6]), static_cast<int>(x1.z), s);
+  return __dp4a(static_cast<int>(q[7]), static_cast<int>(x1.w), s);
+}
+
 using detail::cp_async_commit;
 using detail::cp_async_wait;
 /// 16 bytes global -> shared, asynchronously (mma_bf16.cuh's copy, never zero-filled here).
@@ -78,11 +169,17 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src)
   detail::cp_async_16(detail::smem_u32(smem_dst), gmem_src, true);
 }
 
-template <DType T, int MM>
+/// kPairs: the pair walk (pair_walk(T); the weights must be 16-byte aligned). `aligned`: the tensor and its
+/// rows are 16-byte aligned, so a step's copy needs no edge checks (always so with kPairs). `swiglu`: W is a
+/// stacked [gate; up] of N rows and y gets N / 2 columns, silu(x·gate_i) · (x·up_i): a warp walks gate row i,
+/// then up row i, and writes the product itself (the decode step's SwiGLU kernel, and the round trip of
+/// gate and up through memory, disappear).
+template <DType T, int MM, bool kPairs>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __restrict__ w,
                                                         const std::uint16_t* __restrict__ x, std::int64_t N,
                                                         std::int64_t K, void* __restrict__ y, std::int64_t ldy,
-                                                        int y_f32) {
+                                                        int y_f32, int aligned, int swiglu) {
+  static_assert(!kPairs || pair_walk(T), "the pair walk takes Q4_K and Q5_K");
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   constexpr int kBytes = static_cast<int>(info(T).block_bytes);
   constexpr int kElems = static_cast<int>(info(T).block_elems);
@@ -92,55 +189,76 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   auto* xq = reinterpret_cast<std::int8_t*>(smem);
-  auto* xs = reinterpret_cast<quant::Q8Scale*>(smem + MM * K);
+  auto* xs = reinterpret_cast<quant::Q8Scale*>(smem + MM * K);  // segment walk
+  auto* xp = reinterpret_cast<float2*>(smem + MM * K);          // pair walk
   const std::int64_t xblocks = K / quant::kQ8Block;  // activation blocks per row of x
   unsigned char* bufs = smem + x_smem_bytes(MM, K) + static_cast<std::int64_t>(warp) * kStages * kBuf;
 
   const std::int64_t nb = K / kElems;
   const std::int64_t row_bytes = nb * kBytes;
   const std::int64_t steps = (nb + kStep - 1) / kStep;
-  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp;
-  const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
+  const std::int64_t outs = swiglu ? N / 2 : N;  // output columns
+  const std::int64_t out0 = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp;
+  const std::int64_t out_stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
   const int steps_i = static_cast<int>(steps);
   const auto wbeg = reinterpret_cast<std::uintptr_t>(w);
   const std::uintptr_t wend = wbeg + static_cast<std::uintptr_t>(N * row_bytes);
 
-  // A warp's items are the steps of its rows in order: step t of row row0 + r * row_stride. Issue and
-  // decode walk them with their own counters (no 64-bit division in the loop).
+  // A warp's items are the steps of its rows in order: step t of row `half` of output out0 + r * out_stride
+  // (half 0 only, or with swiglu 0 = gate row i and 1 = up row outs + i). Issue and decode walk them with
+  // their own counters (no 64-bit division in the loop).
+  struct Cursor {
+    std::int64_t out;
+    int half, t;
+  };
+  auto advance = [&](Cursor& c) {
+    if (++c.t < steps_i) return;
+    c.t = 0;
+    if (swiglu && c.half == 0) {
+      c.half = 1;
+    } else {
+      c.half = 0;
+      c.out += out_stride;
+    }
+  };
+  auto row_of = [&](const Cursor& c) { return c.half ? outs + c.out : c.out; };
   auto step_at = [&](std::int64_t row, int t, std::int64_t& first, int& count, std::uintptr_t& start) {
     first = static_cast<std::int64_t>(t) * kStep;
     const std::int64_t left = nb - first;
     count = left < kStep ? static_cast<int>(left) : kStep;
     start = wbeg + static_cast<std::uintptr_t>(row * row_bytes + first * kBytes);
   };
-  std::int64_t irow = row0;
-  int it = 0, ibuf = 0;
+  Cursor ic{out0, 0, 0};
+  int ibuf = 0;
   auto issue = [&]() {
-    if (irow < N) {
+    if (ic.out < outs) {
       std::int64_t first;
       int count;
       std::uintptr_t start;
-      step_at(irow, it, first, count, start);
+      step_at(row_of(ic), ic.t, first, count, start);
       const std::uintptr_t end = start + static_cast<std::uintptr_t>(count) * kBytes;
-      const std::uintptr_t a = start & ~std::uintptr_t{15};
-      const int chunks = static_cast<int>((end - a + 15) / 16);
       unsigned char* buf = bufs + ibuf * kBuf;
-      for (int c = lane; c < chunks; c += 32) {
-        const std::uintptr_t src = a + 16u * static_cast<unsigned>(c);
-        if (src >= wbeg && src + 16 <= wend) {
-          cp_async16(buf + 16 * c, reinterpret_cast<const void*>(src));
-        } else {  // a chunk reaching outside the tensor: copy only the step's own bytes
-          for (int o = 0; o < 16; o += 2) {
-            const std::uintptr_t p = src + static_cast<unsigned>(o);
-            if (p >= start && p < end)
-              *reinterpret_cast<std::uint16_t*>(buf + 16 * c + o) = *reinterpret_cast<const std::uint16_t*>(p);
+      if (kPairs || aligned) {  // the step's bytes are whole 16-byte chunks
+        const int chunks = count * kBytes / 16;
+        for (int c = lane; c < chunks; c += 32)
+          cp_async16(buf + 16 * c, reinterpret_cast<const void*>(start + 16u * static_cast<unsigned>(c)));
+      } else {
+        const std::uintptr_t a = start & ~std::uintptr_t{15};
+        const int chunks = static_cast<int>((end - a + 15) / 16);
+        for (int c = lane; c < chunks; c += 32) {
+          const std::uintptr_t src = a + 16u * static_cast<unsigned>(c);
+          if (src >= wbeg && src + 16 <= wend) {
+            cp_async16(buf + 16 * c, reinterpret_cast<const void*>(src));
+          } else {  // a chunk reaching outside the tensor: copy only the step's own bytes
+            for (int o = 0; o < 16; o += 2) {
+              const std::uintptr_t q = src + static_cast<unsigned>(o);
+              if (q >= start && q < end)
+                *reinterpret_cast<std::uint16_t*>(buf + 16 * c + o) = *reinterpret_cast<const std::uint16_t*>(q);
+            }
           }
         }
       }
-      if (++it == steps_i) {
-        it = 0;
-        irow += row_stride;
-      }
+      advance(ic);
     }
     ibuf = ibuf + 1 == kStages ? 0 : ibuf + 1;
     cp_async_commit();  // empty groups too, so wait_group counts stay uniform
@@ -148,20 +266,26 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
 
   // The weights do not depend on x: their first copies are in flight while the CTA quantizes it.
   for (int s = 0; s < kStages - 1; ++s) issue();
-  quantize_q8_chunks(x, MM * K / 8, MM * K / 8, xq, xs, threadIdx.x, kThreads);
+  if constexpr (kPairs) {
+    PairXStore store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
+                     static_cast<std::uint32_t>(K / kPairVals)};
+    quantize_q8_chunks_into(x, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
+  } else {
+    quantize_q8_chunks(x, MM * K / 8, MM * K / 8, xq, xs, threadIdx.x, kThreads);
+  }
   __syncthreads();
-  if (row0 >= N) {  // no barrier follows
+  if (out0 >= outs) {  // no barrier follows
     cp_async_wait<0>();
     return;
   }
 
-  float acc[MM];
+  float acc[MM], gate[MM];
 #pragma unroll
   for (int m = 0; m < MM; ++m) acc[m] = 0.0f;
 
-  std::int64_t row = row0;
-  int dt = 0, dbuf = 0;
-  while (row < N) {
+  Cursor dc{out0, 0, 0};
+  int dbuf = 0;
+  while (dc.out < outs) {
     issue();
     cp_async_wait<kStages - 1>();  // the group of this item has landed (this lane's part)
     __syncwarp();                  // ... and every other lane's part
@@ -169,20 +293,42 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
     std::int64_t first;
     int count;
     std::uintptr_t start;
-    step_at(row, dt, first, count, start);
-    const unsigned char* buf = bufs + dbuf * kBuf + (start & 15u);
-    const int nseg = count * kSegs;
-    for (int sg = lane; sg < nseg; sg += 32) {
-      const int j = sg / kSegs, s = sg % kSegs;
-      quant::SegCodes g;
-      quant::decode_segment<T>(buf + j * kBytes, s, g);
-      const std::int64_t xb = (first + j) * kSegs + s;  // the activation block under this segment
+    step_at(row_of(dc), dc.t, first, count, start);
+    if constexpr (kPairs) {
+      const unsigned char* buf = bufs + dbuf * kBuf;
+      const std::int64_t U = K / kPairVals;
+      const int p = lane & 3;  // every pair this lane takes is pair p of its block (32 lanes, 4 pairs a block)
+      for (int u = lane; u < count * 4; u += 32) {
+        PairCodes g;
+        decode_pair<T>(buf + (u >> 2) * kBytes, p, g);
+        const std::int64_t ux = first * 4 + u;  // the pair's index in a row of x
 #pragma unroll
-      for (int m = 0; m < MM; ++m) {
-        const uint4* xp = reinterpret_cast<const uint4*>(xq + m * K + xb * quant::kQ8Block);
-        const uint4 lo = xp[0], hi = xp[1];
-        const std::uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        acc[m] += quant::segment_dot<T>(g, xw, xs[m * xblocks + xb]);
+        for (int m = 0; m < MM; ++m) {
+          const uint4* xr = reinterpret_cast<const uint4*>(xq + m * K) + ux;
+          const float2* sr = xp + m * xblocks + ux;
+          const float2 s0 = sr[0], s1 = sr[U];
+          float v = acc[m];
+          v = fmaf(g.a[0] * static_cast<float>(dot32(g.q[0], xr[0], xr[U])), s0.x, v);
+          v = fmaf(g.b[0], s0.y, v);
+          v = fmaf(g.a[1] * static_cast<float>(dot32(g.q[1], xr[2 * U], xr[3 * U])), s1.x, v);
+          acc[m] = fmaf(g.b[1], s1.y, v);
+        }
+      }
+    } else {
+      const unsigned char* buf = bufs + dbuf * kBuf + (start & 15u);
+      const int nseg = count * kSegs;
+      for (int sg = lane; sg < nseg; sg += 32) {
+        const int j = sg / kSegs, s = sg % kSegs;
+        quant::SegCodes g;
+        quant::decode_segment<T>(buf + j * kBytes, s, g);
+        const std::int64_t xb = (first + j) * kSegs + s;  // the activation block under this segment
+#pragma unroll
+        for (int m = 0; m < MM; ++m) {
+          const uint4* xv = reinterpret_cast<const uint4*>(xq + m * K + xb * quant::kQ8Block);
+          const uint4 lo = xv[0], hi = xv[1];
+          const std::uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          acc[m] += quant::segment_dot<T>(g, xw, xs[m * xblocks + xb]);
+        }
       }
     }
 
@@ -192,19 +338,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
         float v = acc[m];
 #pragma unroll
         for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == m) {
-          if (y_f32) static_cast<float*>(y)[m * ldy + row] = v;
-          else static_cast<std::uint16_t*>(y)[m * ldy + row] = f32_to_bf16(v);
+        if (swiglu && dc.half == 0) {
+          gate[m] = v;  // every lane holds the sum: the up row's end needs it
+        } else if (lane == m) {
+          if (swiglu) v = gate[m] / (1.0f + expf(-gate[m])) * v;  // swiglu.cu's silu, accurate expf
+          if (y_f32) static_cast<float*>(y)[m * ldy + dc.out] = v;
+          else static_cast<std::uint16_t*>(y)[m * ldy + dc.out] = f32_to_bf16(v);
         }
         acc[m] = 0.0f;
       }
     }
     __syncwarp();  // everyone is done with this buffer before the next issue overwrites it
     dbuf = dbuf + 1 == kStages ? 0 : dbuf + 1;
-    if (++dt == steps_i) {
-      dt = 0;
-      row += row_stride;
-    }
+    advance(dc);
   }
   cp_async_wait<0>();
 }
@@ -215,10 +361,10 @@ void check(cudaError_t e, DType type, const char* what) {
                                   cudaGetErrorString(e)));
 }
 
-template <DType T, int MM>
-void launch(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, void* y, std::int64_t ldy,
-            bool y_f32, cudaStream_t stream) {
-  auto kernel = gemv_kernel<T, MM>;
+template <DType T, int MM, bool kPairs>
+void launch_walk(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, void* y, std::int64_t ldy,
+                 bool y_f32, bool aligned, bool swiglu, cudaStream_t stream) {
+  auto kernel = gemv_kernel<T, MM, kPairs>;
   const auto smem = static_cast<std::size_t>(smem_bytes(T, MM, K));
   if (smem > 48 * 1024)
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), T,
@@ -229,26 +375,49 @@ void launch(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t 
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem), T,
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   if (per_sm < 1) per_sm = 1;
-  const std::int64_t wanted = (N + kWarps - 1) / kWarps;
+  const std::int64_t outs = swiglu ? N / 2 : N;
+  const std::int64_t wanted = (outs + kWarps - 1) / kWarps;
   const std::int64_t resident = static_cast<std::int64_t>(sms) * per_sm;
   const auto grid = static_cast<unsigned>(wanted < resident ? wanted : resident);
   chained::launch(kernel, grid, kThreads, smem, stream, static_cast<const unsigned char*>(w), x, N, K, y, ldy,
-                  y_f32 ? 1 : 0);
+                  y_f32 ? 1 : 0, aligned ? 1 : 0, swiglu ? 1 : 0);
   check(cudaGetLastError(), T, "kernel launch");
+}
+
+/// Whether the pair walk may run: yes, unless INFER_GGUF_GEMV_WALK=segments (read once), which exists to
+/// measure the two walks against each other in one build.
+bool pairs_allowed() {
+  static const bool value = [] {
+    const char* e = std::getenv("INFER_GGUF_GEMV_WALK");
+    return e == nullptr || std::string_view(e) != "segments";
+  }();
+  return value;
+}
+
+/// The pair walk where the type and alignment allow it, else the segment walk.
+template <DType T, int MM>
+void launch(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, void* y, std::int64_t ldy,
+            bool y_f32, bool swiglu, cudaStream_t stream) {
+  const std::int64_t row_bytes = K / info(T).block_elems * info(T).block_bytes;
+  const bool aligned = reinterpret_cast<std::uintptr_t>(w) % 16 == 0 && row_bytes % 16 == 0;
+  if constexpr (pair_walk(T)) {
+    if (aligned && pairs_allowed()) return launch_walk<T, MM, true>(w, x, N, K, y, ldy, y_f32, true, swiglu, stream);
+  }
+  launch_walk<T, MM, false>(w, x, N, K, y, ldy, y_f32, aligned, swiglu, stream);
 }
 
 template <DType T>
 void launch_rows(int M, const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, void* y,
-                 std::int64_t ldy, bool y_f32, cudaStream_t s) {
+                 std::int64_t ldy, bool y_f32, bool swiglu, cudaStream_t s) {
   switch (M) {
-    case 1: launch<T, 1>(w, x, N, K, y, ldy, y_f32, s); break;
-    case 2: launch<T, 2>(w, x, N, K, y, ldy, y_f32, s); break;
-    case 3: launch<T, 3>(w, x, N, K, y, ldy, y_f32, s); break;
-    case 4: launch<T, 4>(w, x, N, K, y, ldy, y_f32, s); break;
-    case 5: launch<T, 5>(w, x, N, K, y, ldy, y_f32, s); break;
-    case 6: launch<T, 6>(w, x, N, K, y, ldy, y_f32, s); break;
-    case 7: launch<T, 7>(w, x, N, K, y, ldy, y_f32, s); break;
-    default: launch<T, 8>(w, x, N, K, y, ldy, y_f32, s); break;
+    case 1: launch<T, 1>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
+    case 2: launch<T, 2>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
+    case 3: launch<T, 3>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
+    case 4: launch<T, 4>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
+    case 5: launch<T, 5>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
+    case 6: launch<T, 6>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
+    case 7: launch<T, 7>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
+    default: launch<T, 8>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
   }
 }
 
@@ -260,8 +429,9 @@ int rows_per_launch(DType type, std::int64_t K) {
   return m;
 }
 
+/// N: the weight's rows (with swiglu a stacked [gate; up], N / 2 output columns).
 void run(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
-         void* y, std::int64_t ldy, bool y_f32, void* stream) {
+         void* y, std::int64_t ldy, bool y_f32, bool swiglu, void* stream) {
   const DTypeInfo ti = info(type);
   if (!gemv_supports(type))
     throw UnsupportedError(infer::detail::cat("cuda::gguf_gemv: weight type ", ti.name,
@@ -277,9 +447,10 @@ void run(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, s
   if (per_launch < 1)
     throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): K=", K, " is too wide for one row of x in ",
                                       kMaxSmem / 1024, " KiB of shared memory; use gguf_gemm"));
-  if (ldy == 0) ldy = N;
-  if (ldy < N)
-    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): output row stride ", ldy, " < N=", N));
+  const std::int64_t outs = swiglu ? N / 2 : N;
+  if (ldy == 0) ldy = outs;
+  if (ldy < outs)
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): output row stride ", ldy, " < N=", outs));
   if (N == 0) return;
   if (w_blocks == nullptr || x_bf16 == nullptr || y == nullptr)
     throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): null ",
@@ -297,16 +468,16 @@ void run(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, s
     const std::uint16_t* xm = x_bf16 + static_cast<std::int64_t>(m0) * K;
     void* ym = static_cast<char*>(y) + static_cast<std::size_t>(m0 * ldy) * y_elem;
     switch (type) {
-      case DType::q8_0: launch_rows<DType::q8_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
-      case DType::q4_0: launch_rows<DType::q4_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
-      case DType::q4_1: launch_rows<DType::q4_1>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
-      case DType::q5_0: launch_rows<DType::q5_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
-      case DType::q5_1: launch_rows<DType::q5_1>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
-      case DType::q4_k: launch_rows<DType::q4_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
-      case DType::q5_k: launch_rows<DType::q5_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
-      case DType::q6_k: launch_rows<DType::q6_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
-      case DType::iq4_nl: launch_rows<DType::iq4_nl>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
-      case DType::iq4_xs: launch_rows<DType::iq4_xs>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, s); break;
+      case DType::q8_0: launch_rows<DType::q8_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
+      case DType::q4_0: launch_rows<DType::q4_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
+      case DType::q4_1: launch_rows<DType::q4_1>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
+      case DType::q5_0: launch_rows<DType::q5_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
+      case DType::q5_1: launch_rows<DType::q5_1>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
+      case DType::q4_k: launch_rows<DType::q4_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
+      case DType::q5_k: launch_rows<DType::q5_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
+      case DType::q6_k: launch_rows<DType::q6_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
+      case DType::iq4_nl: launch_rows<DType::iq4_nl>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
+      case DType::iq4_xs: launch_rows<DType::iq4_xs>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
       default: break;
     }
   }
@@ -316,12 +487,19 @@ void run(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, s
 
 void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
                std::uint16_t* y_bf16, void* stream, std::int64_t ldy) {
-  run(type, w_blocks, x_bf16, M, N, K, y_bf16, ldy, false, stream);
+  run(type, w_blocks, x_bf16, M, N, K, y_bf16, ldy, false, false, stream);
 }
 
 void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
                float* y_f32, void* stream, std::int64_t ldy) {
-  run(type, w_blocks, x_bf16, M, N, K, y_f32, ldy, true, stream);
+  run(type, w_blocks, x_bf16, M, N, K, y_f32, ldy, true, false, stream);
+}
+
+void gguf_gemv_swiglu(DType type, const void* w_gate_up, const std::uint16_t* x_bf16, int M, std::int64_t I,
+                      std::int64_t K, std::uint16_t* y_bf16, void* stream) {
+  if (I < 0)
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv_swiglu(", info(type).name, "): bad shape I=", I));
+  run(type, w_gate_up, x_bf16, M, 2 * I, K, y_bf16, 0, false, true, stream);
 }
 
 }  // namespace infer::kernels::cuda

@@ -11,18 +11,21 @@
 
 namespace infer::kernels::cuda {
 
-/// x (bf16) into int8 codes xq and a Q8Scale per 32 values, by a set of threads that walk the 8-value chunks
+/// x (bf16) into int8 codes and a Q8Scale per 32 values, by a set of threads that walk the 8-value chunks
 /// from `first` in steps of `stride`: each thread takes 8 values (one 16-byte load), 4 neighbouring lanes a
 /// block, which agree on its maximum by shuffles. Chunks at or past `valid` (of `chunks`, a multiple of 4) are
 /// zeros: codes 0 and scale 0, the padding rows of a tile. `first` and `stride` must keep whole warps together
 /// (each a multiple of 32 plus the lane): the loop's trip count is uniform across a warp, for its shuffles.
-__device__ __forceinline__ void quantize_q8_chunks(const std::uint16_t* __restrict__ x, std::int64_t valid,
-                                                   std::int64_t chunks, std::int8_t* xq, quant::Q8Scale* xs,
-                                                   std::int64_t first, std::int64_t stride) {
+/// Where the results go is the store's: `store.codes(c, codes)` takes chunk c's 8 codes (every chunk below
+/// `chunks`), `store.scale(b, scale)` block b's scale (b = c / 4, called once a block).
+template <class Store>
+__device__ __forceinline__ void quantize_q8_chunks_into(const std::uint16_t* __restrict__ x, std::int64_t valid,
+                                                        std::int64_t chunks, Store& store, std::int64_t first,
+                                                        std::int64_t stride) {
   const std::int64_t lane0 = first & ~std::int64_t{31};  // the warp's first chunk of this round
   for (std::int64_t base = lane0; base < chunks; base += stride) {
     const std::int64_t c = base + (first & 31);
-    const bool store = c < chunks;
+    const bool in_range = c < chunks;
     float v[8];
     float amax = 0.0f;
     if (c < valid) {
@@ -52,12 +55,28 @@ __device__ __forceinline__ void quantize_q8_chunks(const std::uint16_t* __restri
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);              // lanes 0-1 of the block: values 0-15
     const int other = __shfl_xor_sync(0xffffffffu, sum, 2);  // lanes 2-3: values 16-31
-    if (store) {
-      reinterpret_cast<uint2*>(xq)[c] = make_uint2(packed[0], packed[1]);
+    if (in_range) {
+      store.codes(c, make_uint2(packed[0], packed[1]));
       if ((c & 3) == 0)
-        xs[c / 4] = quant::Q8Scale{amax / 127.0f, static_cast<std::int16_t>(sum), static_cast<std::int16_t>(other)};
+        store.scale(c / 4, quant::Q8Scale{amax / 127.0f, static_cast<std::int16_t>(sum), static_cast<std::int16_t>(other)});
     }
   }
+}
+
+/// The plain layout: chunk c's codes at xq + 8c, block b's scale at xs[b].
+struct Q8PlainStore {
+  std::int8_t* xq;
+  quant::Q8Scale* xs;
+  __device__ __forceinline__ void codes(std::int64_t c, uint2 v) const { reinterpret_cast<uint2*>(xq)[c] = v; }
+  __device__ __forceinline__ void scale(std::int64_t b, quant::Q8Scale v) const { xs[b] = v; }
+};
+
+/// quantize_q8_chunks_into in the plain layout.
+__device__ __forceinline__ void quantize_q8_chunks(const std::uint16_t* __restrict__ x, std::int64_t valid,
+                                                   std::int64_t chunks, std::int8_t* xq, quant::Q8Scale* xs,
+                                                   std::int64_t first, std::int64_t stride) {
+  Q8PlainStore store{xq, xs};
+  quantize_q8_chunks_into(x, valid, chunks, store, first, stride);
 }
 
 }  // namespace infer::kernels::cuda

@@ -653,6 +653,60 @@ TEST_CASE("cuda::bf16_gemv_swiglu matches gemm_xwt followed by SwiGLU", "[cuda][
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("cuda::gguf_gemv_swiglu matches the integer reference followed by SwiGLU, every type", "[cuda][gemm]") {
+  // W = [gate; up] ([2I][K]) in GGUF blocks; y[m][i] = silu(g) * u with g and u as gguf_gemv computes them
+  // (q8_reference: x quantized per 32, integer dot products per segment), silu in double. Per value:
+  //   |Δy| <= 2^-8 |y| + 1.1 e_g |u| + |silu(g)| e_u + 1e-6 |y|,
+  // e_g, e_u the dot products' f32 bounds (gguf_gemv's test: 8·K·2^-24 · A), 1.1 the largest |silu'|.
+  // Both walks of the GEMV: Q4_K/Q5_K weights 16-byte aligned take the pair walk, shifted by 2 bytes the
+  // segment walk. I = 333 is not a multiple of a CTA's 8 warps.
+  using Catch::Contains;
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  std::uint32_t seed = test_seed("cuda::gguf_gemv_swiglu");
+  for (DType t : kGemvTypes) {
+    for (std::size_t w_shift : {std::size_t{0}, std::size_t{2}}) {
+      for (int M : {1, 2, 5, 8}) {
+        ++seed;
+        const std::int64_t I = 333, N = 2 * I, K = 1024;
+        INFO("type " << name(t) << " M=" << M << " weight shift " << w_shift << " seed " << seed);
+        std::mt19937 rng(seed);
+        const auto blocks = test::random_tensor(t, static_cast<std::size_t>(N * K), rng);
+        const auto xb = random_bf16(static_cast<std::size_t>(M * K), rng);
+        const Reference r = q8_reference(t, blocks, to_f32(xb), M, N, K);
+        test::DeviceMem dw(blocks.size() + w_shift), dx(xb.size() * 2), dy(static_cast<std::size_t>(M * I) * 2);
+        CUDA_REQUIRE(cudaMemcpy(dw.as<std::byte>(w_shift), blocks.data(), blocks.size(), cudaMemcpyHostToDevice));
+        upload(dx.p, xb);
+        CUDA_REQUIRE(cudaMemset(dy.p, 0xff, static_cast<std::size_t>(M * I) * 2));  // NaN
+        kc::gguf_gemv_swiglu(t, dw.as<std::byte>(w_shift), dx.as<std::uint16_t>(), M, I, K, dy.as<std::uint16_t>(),
+                             stream);
+        CUDA_REQUIRE(cudaStreamSynchronize(stream));
+        const auto got = to_f32(download<std::uint16_t>(dy.p, static_cast<std::size_t>(M * I)));
+        const double acc = 8.0 * static_cast<double>(K) * std::ldexp(1.0, -24);
+        int bad = 0;
+        for (std::int64_t m = 0; m < M; ++m)
+          for (std::int64_t i = 0; i < I; ++i) {
+            const auto gi = static_cast<std::size_t>(m * N + i), ui = static_cast<std::size_t>(m * N + I + i);
+            const double g = r.y[gi], u = r.y[ui];
+            const double silu = g / (1.0 + std::exp(-g)), want = silu * u;
+            const double bound = std::ldexp(std::fabs(want), -8) + 1.1 * acc * r.abs_y[gi] * std::fabs(u) +
+                                 std::fabs(silu) * acc * r.abs_y[ui] + 1e-6 * std::fabs(want) + 1e-30;
+            const double have = got[static_cast<std::size_t>(m * I + i)];
+            if (!(std::fabs(have - want) <= bound) && ++bad <= 5)
+              FAIL_CHECK("y[" << m << "][" << i << "] = " << have << ", want " << want << " ± " << bound);
+          }
+        CHECK(bad == 0);
+      }
+    }
+  }
+  test::DeviceMem d(4096);
+  CHECK_THROWS_WITH(kc::gguf_gemv_swiglu(DType::q4_k, d.p, d.as<std::uint16_t>(), 9, 4, 256, d.as<std::uint16_t>(), stream),
+                    Contains("M = 9"));
+  CHECK_THROWS_AS(kc::gguf_gemv_swiglu(DType::q4_k, d.p, d.as<std::uint16_t>(), 1, -1, 256, d.as<std::uint16_t>(), stream),
+                  InvalidArgument);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cuda][.bench][gemm_bench]") {
   // Which path wins where: the integer GEMV (M <= 8), the int8 MMA (gguf_mmq, any M <= 64) and dequantize +
   // bf16 GEMM (gguf_gemm), per layer and block type; each with enough copies of the weight to defeat the L2.

@@ -186,15 +186,20 @@ inline void cuda_embed(const CudaLinear& w, const std::int32_t* ids, std::int64_
 }
 
 /// y[rows][w.out / 2] = silu(x·gateᵀ) * (x·upᵀ) for a stacked [gate; up] weight, in one kernel when that
-/// would be cuda_matmul's GEMV (bf16 weights, rows <= kBf16GemvPreferredRows); returns false, having done
-/// nothing, otherwise.
+/// would be cuda_matmul's GEMV (bf16 weights up to kBf16GemvPreferredRows rows, GGUF blocks up to
+/// kGemvMaxRows); returns false, having done nothing, otherwise.
 inline bool cuda_matmul_swiglu(CudaMatmulContext& ctx, const CudaLinear& w, const std::uint16_t* x, std::int32_t rows,
                                std::uint16_t* y) {
-  const auto* wd = static_cast<const std::uint16_t*>(w.data);
-  if (w.type != DType::bf16 || rows < 1 || rows > kernels::cuda::kBf16GemvPreferredRows || w.out_features % 2 != 0 ||
-      !kernels::cuda::bf16_gemv_supports(wd, x, w.in_features))
-    return false;
-  kernels::cuda::bf16_gemv_swiglu(wd, x, rows, w.out_features / 2, w.in_features, y, ctx.stream);
+  if (rows < 1 || w.out_features % 2 != 0) return false;
+  if (w.type == DType::bf16) {
+    const auto* wd = static_cast<const std::uint16_t*>(w.data);
+    if (rows > kernels::cuda::kBf16GemvPreferredRows || !kernels::cuda::bf16_gemv_supports(wd, x, w.in_features))
+      return false;
+    kernels::cuda::bf16_gemv_swiglu(wd, x, rows, w.out_features / 2, w.in_features, y, ctx.stream);
+    return true;
+  }
+  if (rows > kernels::cuda::kGemvMaxRows || !kernels::cuda::gemv_supports(w.type)) return false;
+  kernels::cuda::gguf_gemv_swiglu(w.type, w.data, x, rows, w.out_features / 2, w.in_features, y, ctx.stream);
   return true;
 }
 

@@ -76,7 +76,8 @@ struct GgufInPlace {
   }
 
   /// The optional SwiGLU hook: y = silu(x·gateᵀ) * (x·upᵀ) for a stacked [gate; up] weight in one kernel where
-  /// one exists (bf16 weights at batch 1); false when it does not, and the caller runs matmul + swiglu.
+  /// one exists (the GEMV's rows: bf16 weights, GGUF blocks up to kGemvMaxRows); false when it does not, and the
+  /// caller runs matmul + swiglu.
   static bool matmul_swiglu(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
                             std::uint16_t* y) {
     return detail::cuda_matmul_swiglu(ctx, w, x, rows, y);

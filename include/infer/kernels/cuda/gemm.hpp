@@ -126,6 +126,13 @@ void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, in
                std::uint16_t* y_bf16, void* stream, std::int64_t ldy = 0);
 void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
                float* y_f32, void* stream, std::int64_t ldy = 0);
+/// SwiGLU fused into the gate/up GEMV on GGUF blocks: w_gate_up is the stacked [2I][K] weight (gate rows
+/// 0..I-1, up rows I..2I-1, one type) and y[m][i] = bf16(silu(g) * u) with g = x[m]·gate_i and u = x[m]·up_i
+/// as gguf_gemv computes them, silu(g) = g / (1 + e^-g), all in f32: gguf_gemv into [M][2I] followed by
+/// `swiglu`, less the rounding of g and u to bf16 and a kernel. Same requirements and errors as gguf_gemv
+/// (with N = 2I; y has I columns).
+void gguf_gemv_swiglu(DType type, const void* w_gate_up, const std::uint16_t* x_bf16, int M, std::int64_t I,
+                      std::int64_t K, std::uint16_t* y_bf16, void* stream);
 
 /// The largest M `gguf_mmq` accepts.
 inline constexpr int kMmqMaxRows = 64;
