@@ -25,6 +25,9 @@
 // eight lanes on neighbouring pairs read 128 contiguous bytes (no bank conflicts; the segment walk's x reads
 // conflict two ways). ncu at a12616a (H100) had the segment walk at 1.2-1.5 TB/s on Llama-3-8B's Q4_K layers,
 // about 3 instructions a value with its byte loads; the pair walk takes about 1.5.
+// Q6_K (210-byte blocks, 2-byte aligned in a step) takes a run walk (`q6_runs`): a lane the same 16 positions of
+// a 128-value half in each of its four 32-value runs, which share those 16 bytes of high bits and two 16-byte
+// spans of low nibbles (three unaligned 16-byte reads for 64 values, where a segment reads 64 bytes for 32).
 // Where the tensor and its rows are 16-byte aligned (every file's tensors are) a step's copy is plain: its
 // chunks are exactly its bytes, without the edge checks the general copy makes per chunk.
 #include <cuda_fp16.h>
@@ -73,21 +76,31 @@ constexpr int step_blocks(DType t) {
 constexpr std::int64_t buf_bytes(DType t) {
   return (step_blocks(t) * info(t).block_bytes + 15 + 15) / 16 * 16 + 16;
 }
-/// Shared memory of x for M rows: the codes, then one Q8Scale per 32 values, rounded up to 16.
-constexpr std::int64_t x_smem_bytes(int M, std::int64_t K) {
-  return (M * K + M * (K / quant::kQ8Block) * static_cast<std::int64_t>(sizeof(quant::Q8Scale)) + 15) / 16 * 16;
+/// How a warp spreads a step's blocks over its lanes (the file comment says why there are three).
+enum class Walk {
+  segments,  ///< a lane a 32-value segment (quant::decode_segment), any type, x in the plain layout
+  pairs,     ///< Q4_K, Q5_K: a lane two sub-blocks sharing their nibbles (64 values), x in pieces
+  q6_runs,   ///< Q6_K: a lane 16 positions of a 128-value half across its four 32-value runs (64 values)
+};
+/// The walk type t takes where its weights are 16-byte aligned.
+constexpr Walk aligned_walk(DType t) {
+  return t == DType::q4_k || t == DType::q5_k ? Walk::pairs : t == DType::q6_k ? Walk::q6_runs : Walk::segments;
+}
+constexpr int kUnitVals = 64;  // values of one unit of the pair and run walks
+
+/// Shared memory of x for M rows: the codes, then 8 bytes of scale per 32 values (per 16 for Q6_K, whose
+/// run walk keeps a scale per 16-value piece), rounded up to 16.
+constexpr std::int64_t x_smem_bytes(DType t, int M, std::int64_t K) {
+  const std::int64_t scales = K / quant::kQ8Block * (t == DType::q6_k ? 2 : 1);
+  return (M * K + M * scales * static_cast<std::int64_t>(sizeof(quant::Q8Scale)) + 15) / 16 * 16;
 }
 constexpr std::int64_t smem_bytes(DType t, int M, std::int64_t K) {
-  return x_smem_bytes(M, K) + kWarps * kStages * buf_bytes(t);
+  return x_smem_bytes(t, M, K) + kWarps * kStages * buf_bytes(t);
 }
-
-/// Whether the pair walk takes type t (16-byte blocks of 256 values with a 16-byte header of d, dmin and the
-/// 6-bit scales).
-constexpr bool pair_walk(DType t) { return t == DType::q4_k || t == DType::q5_k; }
-constexpr int kPairVals = 64;  // values of a pair of sub-blocks: one unit of the pair walk
 
 /// x for the pair walk, M rows of K values, U = K / 64 pairs a row: piece r (16 codes) of pair u of row m at
 /// m·K + (r·U + u)·16, and the scale of its sub-block h (0, 1) as float2 {d, d·Σq} at [m·K/32 + h·U + u].
+/// Eight lanes on neighbouring pairs read 128 contiguous bytes.
 struct PairXStore {
   std::int8_t* xq;
   float2* xs;
@@ -105,6 +118,67 @@ struct PairXStore {
         make_float2(v.d, v.d * static_cast<float>(static_cast<int>(v.sum_lo) + v.sum_hi));
   }
 };
+
+/// x for the Q6_K run walk, M rows of K values, U = K / 64 units a row. Unit u = 4j + 2h + t covers positions
+/// 16t..16t+15 of half h of block j in each of the half's four 32-value runs q; its piece q (16 codes) sits at
+/// m·K + (q·U + u)·16 and the piece's scale as float2 {d, d·Σq over the piece} at [m·K/16 + q·U + u].
+struct Q6RunXStore {
+  std::int8_t* xq;
+  float2* xs;
+  std::uint32_t chunks_per_row, blocks_per_row, units_per_row;  // K/8, K/32, K/64
+  __device__ __forceinline__ void codes(std::int64_t c, uint2 v) const {
+    const auto cc = static_cast<std::uint32_t>(c);
+    const std::uint32_t m = cc / chunks_per_row, i = cc - m * chunks_per_row;  // values 8i.. of row m
+    // value 8i: block i / 32, half (i / 16) % 2, run (i / 4) % 4, t (i / 2) % 2, 8-value half of the piece i % 2
+    const std::uint32_t u = (i / 32) * 4 + ((i / 16) % 2) * 2 + (i / 2) % 2, q = (i / 4) % 4;
+    *reinterpret_cast<uint2*>(xq + m * 8 * chunks_per_row + (q * units_per_row + u) * 16 + 8 * (i % 2)) = v;
+  }
+  __device__ __forceinline__ void scale(std::int64_t b, quant::Q8Scale v) const {
+    const auto bb = static_cast<std::uint32_t>(b);
+    const std::uint32_t m = bb / blocks_per_row, i = bb - m * blocks_per_row;  // run i % 4 of half (i / 4) % 2
+    const std::uint32_t u = (i / 8) * 4 + ((i / 4) % 2) * 2, q = i % 4;
+    float2* row = xs + m * 2 * blocks_per_row + q * units_per_row + u;
+    row[0] = make_float2(v.d, v.d * static_cast<float>(v.sum_lo));  // t = 0: the run's values 0..15
+    row[1] = make_float2(v.d, v.d * static_cast<float>(v.sum_hi));  // t = 1: 16..31
+  }
+};
+
+/// Unit (h, t) of a Q6_K block in shared memory (2-byte aligned): codes c[q] (0..63, word i = positions
+/// 16t + 4i.. of run q) and a[q] = d·scale of those 16 values; value = a[q]·(c − 32).
+struct Q6RunCodes {
+  std::uint32_t c[4][4];
+  float a[4];
+};
+__device__ __forceinline__ void decode_q6_run(const unsigned char* blk, int h, int t, Q6RunCodes& g) {
+  const auto* b = reinterpret_cast<const std::uint8_t*>(blk);
+  std::uint32_t lo[4], hi[4], qh[4], sc[2];
+  quant::load_le_words<4>(b + 64 * h + 16 * t, lo);       // runs 0 (low nibbles) and 2 (high)
+  quant::load_le_words<4>(b + 64 * h + 32 + 16 * t, hi);  // runs 1 and 3
+  quant::load_le_words<4>(b + 128 + 32 * h + 16 * t, qh);  // bits 2q, 2q + 1: run q's top two bits
+  quant::load_le_words<2>(b + 192 + 8 * h, sc);            // scale of run q, positions 16t..: byte 2q + t
+  const float d = quant::detail::f16_at(b + 208);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    g.c[0][i] = (lo[i] & 0x0f0f0f0fu) | ((qh[i] << 4) & 0x30303030u);
+    g.c[1][i] = (hi[i] & 0x0f0f0f0fu) | ((qh[i] << 2) & 0x30303030u);
+    g.c[2][i] = ((lo[i] >> 4) & 0x0f0f0f0fu) | (qh[i] & 0x30303030u);
+    g.c[3][i] = ((hi[i] >> 4) & 0x0f0f0f0fu) | ((qh[i] >> 2) & 0x30303030u);
+  }
+  const unsigned sh = 8u * static_cast<unsigned>(t);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const std::uint32_t w = sc[q / 2] >> (16u * static_cast<unsigned>(q % 2) + sh);
+    g.a[q] = d * static_cast<float>(static_cast<std::int8_t>(w & 0xffu));
+  }
+}
+
+/// Σ of four dp4a: 16 codes against one 16-code piece of x.
+__device__ __forceinline__ int dot16(const std::uint32_t (&q)[4], uint4 x) {
+  int s = __dp4a(static_cast<int>(q[0]), static_cast<int>(x.x), 0);
+  s = __dp4a(static_cast<int>(q[1]), static_cast<int>(x.y), s);
+  s = __dp4a(static_cast<int>(q[2]), static_cast<int>(x.z), s);
+  return __dp4a(static_cast<int>(q[3]), static_cast<int>(x.w), s);
+}
 
 /// Sub-blocks 2p and 2p + 1 of a Q4_K or Q5_K block in shared memory (16-byte aligned): their codes, word i of
 /// q[h] holding values 4i..4i+3 of sub-block 2p + h, and the floats of value l: a[h]·q + b[h].
@@ -169,17 +243,17 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src)
   detail::cp_async_16(detail::smem_u32(smem_dst), gmem_src, true);
 }
 
-/// kPairs: the pair walk (pair_walk(T); the weights must be 16-byte aligned). `aligned`: the tensor and its
-/// rows are 16-byte aligned, so a step's copy needs no edge checks (always so with kPairs). `swiglu`: W is a
+/// kWalk: segments, or aligned_walk(T) where the weights are 16-byte aligned. `aligned`: the tensor and its
+/// rows are 16-byte aligned, so a step's copy needs no edge checks (always so in the pair and run walks). `swiglu`: W is a
 /// stacked [gate; up] of N rows and y gets N / 2 columns, silu(x·gate_i) · (x·up_i): a warp walks gate row i,
 /// then up row i, and writes the product itself (the decode step's SwiGLU kernel, and the round trip of
 /// gate and up through memory, disappear).
-template <DType T, int MM, bool kPairs>
+template <DType T, int MM, Walk kWalk>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __restrict__ w,
                                                         const std::uint16_t* __restrict__ x, std::int64_t N,
                                                         std::int64_t K, void* __restrict__ y, std::int64_t ldy,
                                                         int y_f32, int aligned, int swiglu) {
-  static_assert(!kPairs || pair_walk(T), "the pair walk takes Q4_K and Q5_K");
+  static_assert(kWalk == Walk::segments || kWalk == aligned_walk(T), "the pair walk takes Q4_K and Q5_K, the run walk Q6_K");
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   constexpr int kBytes = static_cast<int>(info(T).block_bytes);
   constexpr int kElems = static_cast<int>(info(T).block_elems);
@@ -190,9 +264,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   auto* xq = reinterpret_cast<std::int8_t*>(smem);
   auto* xs = reinterpret_cast<quant::Q8Scale*>(smem + MM * K);  // segment walk
-  auto* xp = reinterpret_cast<float2*>(smem + MM * K);          // pair walk
+  auto* xp = reinterpret_cast<float2*>(smem + MM * K);          // pair and run walks
   const std::int64_t xblocks = K / quant::kQ8Block;  // activation blocks per row of x
-  unsigned char* bufs = smem + x_smem_bytes(MM, K) + static_cast<std::int64_t>(warp) * kStages * kBuf;
+  unsigned char* bufs = smem + x_smem_bytes(T, MM, K) + static_cast<std::int64_t>(warp) * kStages * kBuf;
 
   const std::int64_t nb = K / kElems;
   const std::int64_t row_bytes = nb * kBytes;
@@ -238,7 +312,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
       step_at(row_of(ic), ic.t, first, count, start);
       const std::uintptr_t end = start + static_cast<std::uintptr_t>(count) * kBytes;
       unsigned char* buf = bufs + ibuf * kBuf;
-      if (kPairs || aligned) {  // the step's bytes are whole 16-byte chunks
+      if (kWalk != Walk::segments || aligned) {  // the step's bytes are whole 16-byte chunks
         const int chunks = count * kBytes / 16;
         for (int c = lane; c < chunks; c += 32)
           cp_async16(buf + 16 * c, reinterpret_cast<const void*>(start + 16u * static_cast<unsigned>(c)));
@@ -266,9 +340,13 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
 
   // The weights do not depend on x: their first copies are in flight while the CTA quantizes it.
   for (int s = 0; s < kStages - 1; ++s) issue();
-  if constexpr (kPairs) {
+  if constexpr (kWalk == Walk::pairs) {
     PairXStore store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
-                     static_cast<std::uint32_t>(K / kPairVals)};
+                     static_cast<std::uint32_t>(K / kUnitVals)};
+    quantize_q8_chunks_into(x, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
+  } else if constexpr (kWalk == Walk::q6_runs) {
+    Q6RunXStore store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
+                      static_cast<std::uint32_t>(K / kUnitVals)};
     quantize_q8_chunks_into(x, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
   } else {
     quantize_q8_chunks(x, MM * K / 8, MM * K / 8, xq, xs, threadIdx.x, kThreads);
@@ -294,9 +372,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
     int count;
     std::uintptr_t start;
     step_at(row_of(dc), dc.t, first, count, start);
-    if constexpr (kPairs) {
+    if constexpr (kWalk == Walk::pairs) {
       const unsigned char* buf = bufs + dbuf * kBuf;
-      const std::int64_t U = K / kPairVals;
+      const std::int64_t U = K / kUnitVals;
       const int p = lane & 3;  // every pair this lane takes is pair p of its block (32 lanes, 4 pairs a block)
       for (int u = lane; u < count * 4; u += 32) {
         PairCodes g;
@@ -312,6 +390,27 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
           v = fmaf(g.b[0], s0.y, v);
           v = fmaf(g.a[1] * static_cast<float>(dot32(g.q[1], xr[2 * U], xr[3 * U])), s1.x, v);
           acc[m] = fmaf(g.b[1], s1.y, v);
+        }
+      }
+    } else if constexpr (kWalk == Walk::q6_runs) {
+      const unsigned char* buf = bufs + dbuf * kBuf;
+      const std::int64_t U = K / kUnitVals;
+      const int t = lane & 1, h = (lane >> 1) & 1;  // every unit this lane takes is unit (h, t) of its block
+      for (int u = lane; u < count * 4; u += 32) {
+        Q6RunCodes g;
+        decode_q6_run(buf + (u >> 2) * kBytes, h, t, g);
+        const std::int64_t ux = first * 4 + u;  // the unit's index in a row of x
+#pragma unroll
+        for (int m = 0; m < MM; ++m) {
+          const uint4* xr = reinterpret_cast<const uint4*>(xq + m * K) + ux;
+          const float2* sr = xp + m * 2 * xblocks + ux;
+          float v = acc[m];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {  // value = a·(c − 32): a·(d_x·Σ c·x_q − 32·d_x·Σ x_q)
+            const float2 sq = sr[q * U];
+            v = fmaf(g.a[q], fmaf(sq.x, static_cast<float>(dot16(g.c[q], xr[q * U])), -32.0f * sq.y), v);
+          }
+          acc[m] = v;
         }
       }
     } else {
@@ -361,10 +460,10 @@ void check(cudaError_t e, DType type, const char* what) {
                                   cudaGetErrorString(e)));
 }
 
-template <DType T, int MM, bool kPairs>
+template <DType T, int MM, Walk kWalk>
 void launch_walk(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, void* y, std::int64_t ldy,
                  bool y_f32, bool aligned, bool swiglu, cudaStream_t stream) {
-  auto kernel = gemv_kernel<T, MM, kPairs>;
+  auto kernel = gemv_kernel<T, MM, kWalk>;
   const auto smem = static_cast<std::size_t>(smem_bytes(T, MM, K));
   if (smem > 48 * 1024)
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), T,
@@ -384,9 +483,9 @@ void launch_walk(const void* w, const std::uint16_t* x, std::int64_t N, std::int
   check(cudaGetLastError(), T, "kernel launch");
 }
 
-/// Whether the pair walk may run: yes, unless INFER_GGUF_GEMV_WALK=segments (read once), which exists to
-/// measure the two walks against each other in one build.
-bool pairs_allowed() {
+/// Whether the pair and run walks may run: yes, unless INFER_GGUF_GEMV_WALK=segments (read once), which exists
+/// to measure the walks against each other in one build.
+bool unit_walks_allowed() {
   static const bool value = [] {
     const char* e = std::getenv("INFER_GGUF_GEMV_WALK");
     return e == nullptr || std::string_view(e) != "segments";
@@ -394,16 +493,17 @@ bool pairs_allowed() {
   return value;
 }
 
-/// The pair walk where the type and alignment allow it, else the segment walk.
+/// The pair or run walk where the type and alignment allow it, else the segment walk.
 template <DType T, int MM>
 void launch(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, void* y, std::int64_t ldy,
             bool y_f32, bool swiglu, cudaStream_t stream) {
   const std::int64_t row_bytes = K / info(T).block_elems * info(T).block_bytes;
   const bool aligned = reinterpret_cast<std::uintptr_t>(w) % 16 == 0 && row_bytes % 16 == 0;
-  if constexpr (pair_walk(T)) {
-    if (aligned && pairs_allowed()) return launch_walk<T, MM, true>(w, x, N, K, y, ldy, y_f32, true, swiglu, stream);
+  constexpr Walk walk = aligned_walk(T);
+  if constexpr (walk != Walk::segments) {
+    if (aligned && unit_walks_allowed()) return launch_walk<T, MM, walk>(w, x, N, K, y, ldy, y_f32, true, swiglu, stream);
   }
-  launch_walk<T, MM, false>(w, x, N, K, y, ldy, y_f32, aligned, swiglu, stream);
+  launch_walk<T, MM, Walk::segments>(w, x, N, K, y, ldy, y_f32, aligned, swiglu, stream);
 }
 
 template <DType T>
