@@ -17,8 +17,9 @@ cd "$root"
 build=${1:-build}
 # PACK_TARGETS="a b ..." packs only those (the peer session needs test_cuda, infer-bench-latency and
 # infer-bench-throughput: ~17 MB, which fits one call beside .deps and .xfer/peers).
-read -r -a targets <<<"${PACK_TARGETS:-test_cuda test_rounding_noise infer-bench-latency infer-bench-throughput
-  infer-serve infer-bench-serve infer-offline-batch infer-generate infer-build}"
+targets=(test_cuda test_rounding_noise infer-bench-latency infer-bench-throughput infer-serve infer-bench-serve
+         infer-offline-batch infer-generate infer-build)
+[ -z "${PACK_TARGETS:-}" ] || read -r -a targets <<<"$PACK_TARGETS"
 [ -z "$(git status --porcelain --untracked-files=no)" ] ||
   { echo "pack_gpu_build.sh: commit first: the manifest names the commit the binaries are built from" >&2; exit 1; }
 grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$build/CMakeCache.txt" &&
