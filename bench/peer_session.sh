@@ -14,6 +14,11 @@
 #      bench/device_job.sh start peers bash bench/peer_session.sh && bench/device_job.sh wait peers 560 /root/session
 #   5+. bench/device_job.sh wait peers 560 /root/session, until it ends.
 # About 13 minutes of device time at 2026-12-06 with llama.cpp built on the device (~6 of them), ~8 with it built ahead.
+# Three calls instead (2026-12-07): the first carries .deps, .xfer/peers and a PACK_TARGETS="test_cuda
+# infer-bench-latency infer-bench-throughput" pack (66 MB with the tree, under the 64 MiB), unpacks them, starts
+# llama.cpp's build in the background (`touch /root/lcp.started; setsid nohup bash /root/peers/device.sh build
+# &`) and runs the GEMV tests and paths bench itself; the next two carry the model's parts, the second starting
+# this script with SKIP_PATHS=1.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 : "${SESSION_OUT:?set SESSION_OUT to the results folder on the device}"
@@ -21,9 +26,13 @@ export OUT=$SESSION_OUT
 mkdir -p "$OUT"
 build=${BUILD:-build-gpu}
 stamp() { echo "=== $(date -u +%H:%M:%S) $*"; }
-rm -f /root/lcp.done
 prebuilt=0
-if [ -f /root/peers/lcp-bin.tar.xz ]; then
+if [ -f /root/lcp.started ]; then
+  # llama.cpp's build was started by an earlier call of this session (`nohup bash /root/peers/device.sh build &`
+  # and `touch /root/lcp.started`), so that it ran while the model's parts were carried: wait for it below.
+  stamp "llama.cpp build started earlier: $( [ -f /root/lcp.done ] && echo "done, status $(cat /root/lcp.done)" || echo running)"
+elif [ -f /root/peers/lcp-bin.tar.xz ]; then
+  rm -f /root/lcp.done
   # llama.cpp built ahead from the same source and flags (bench/pack_peer_build.sh): 6 minutes of device time
   # saved. Its build tree's RPATH names the folder it was built in, so the programs go back there.
   src=$(cat /root/peers/lcp-bin.path)
@@ -40,12 +49,15 @@ if [ -f /root/peers/lcp-bin.tar.xz ]; then
     nice -n 10 bash /root/peers/device.sh build >"$OUT/lcp-build.log" 2>&1 &
   fi
 else
+  rm -f /root/lcp.done
   nice -n 10 bash /root/peers/device.sh build >"$OUT/lcp-build.log" 2>&1 &
   stamp "llama.cpp build started"
 fi
-# GPU timings first, while at most the (niced) compiler competes for the CPUs.
-"$build"/tests/test_cuda "bench: GGUF matmul paths*" >"$OUT/gguf-matmul-paths.log" 2>&1
-stamp "GGUF matmul paths bench: status $?"
+# GPU timings first, while at most the (niced) compiler competes for the CPUs. SKIP_PATHS=1: an earlier call ran it.
+if [ -z "${SKIP_PATHS:-}" ]; then
+  "$build"/tests/test_cuda "bench: GGUF matmul paths*" >"$OUT/gguf-matmul-paths.log" 2>&1
+  stamp "GGUF matmul paths bench: status $?"
+fi
 # The [cuda] suite's CPU reference on part of the CPUs, beside llama.cpp's build or the 8B files' making;
 # both end before the timed runs below.
 OPENBLAS_NUM_THREADS=8 nice -n 5 "$build"/tests/test_cuda "[cuda]" --durations yes >"$OUT/test-cuda.log" 2>&1 &
