@@ -28,6 +28,9 @@
 // Q6_K (210-byte blocks, 2-byte aligned in a step) takes a run walk (`q6_runs`): a lane the same 16 positions of
 // a 128-value half in each of its four 32-value runs, which share those 16 bytes of high bits and two 16-byte
 // spans of low nibbles (three unaligned 16-byte reads for 64 values, where a segment reads 64 bytes for 32).
+// Q8_0 (34-byte blocks) takes a pair walk of its own (`q8_pairs`): two neighbouring blocks are 68 bytes at a
+// 4-byte aligned address, 17 word loads for 64 values, where a segment took 9 word loads, 8 funnel shifts and
+// two byte loads for 32.
 // Where the tensor and its rows are 16-byte aligned (every file's tensors are) a step's copy is plain: its
 // chunks are exactly its bytes, without the edge checks the general copy makes per chunk.
 #include <cuda_fp16.h>
@@ -81,10 +84,17 @@ enum class Walk {
   segments,  ///< a lane a 32-value segment (quant::decode_segment), any type, x in the plain layout
   pairs,     ///< Q4_K, Q5_K: a lane two sub-blocks sharing their nibbles (64 values), x in pieces
   q6_runs,   ///< Q6_K: a lane 16 positions of a 128-value half across its four 32-value runs (64 values)
+  q8_pairs,  ///< Q8_0: a lane two neighbouring blocks (64 values, 68 bytes, 4-byte aligned), x as for pairs
 };
 /// The walk type t takes where its weights are 16-byte aligned.
 constexpr Walk aligned_walk(DType t) {
-  return t == DType::q4_k || t == DType::q5_k ? Walk::pairs : t == DType::q6_k ? Walk::q6_runs : Walk::segments;
+  switch (t) {
+    case DType::q4_k:
+    case DType::q5_k: return Walk::pairs;
+    case DType::q6_k: return Walk::q6_runs;
+    case DType::q8_0: return Walk::q8_pairs;
+    default: return Walk::segments;
+  }
 }
 constexpr int kUnitVals = 64;  // values of one unit of the pair and run walks
 
@@ -172,6 +182,27 @@ __device__ __forceinline__ void decode_q6_run(const unsigned char* blk, int h, i
   }
 }
 
+/// Two neighbouring Q8_0 blocks at a 4-byte aligned address of shared memory: their codes (q[h] block h's,
+/// word i = values 4i..4i+3) and scales. 17 aligned words hold both: block 0's codes straddle words 0-8 (2 bytes
+/// in), block 1's scale is word 8's upper half and its codes are words 9-16.
+struct Q8PairCodes {
+  std::uint32_t q[2][8];
+  float d[2];
+};
+__device__ __forceinline__ void decode_q8_pair(const unsigned char* p, Q8PairCodes& g) {
+  const auto* w = reinterpret_cast<const std::uint32_t*>(p);
+  std::uint32_t r[17];
+#pragma unroll
+  for (int i = 0; i < 17; ++i) r[i] = w[i];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    g.q[0][i] = __funnelshift_r(r[i], r[i + 1], 16);
+    g.q[1][i] = r[9 + i];
+  }
+  g.d[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(r[0] & 0xffffu)));
+  g.d[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(r[8] >> 16)));
+}
+
 /// Σ of four dp4a: 16 codes against one 16-code piece of x.
 __device__ __forceinline__ int dot16(const std::uint32_t (&q)[4], uint4 x) {
   int s = __dp4a(static_cast<int>(q[0]), static_cast<int>(x.x), 0);
@@ -253,7 +284,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
                                                         const std::uint16_t* __restrict__ x, std::int64_t N,
                                                         std::int64_t K, void* __restrict__ y, std::int64_t ldy,
                                                         int y_f32, int aligned, int swiglu) {
-  static_assert(kWalk == Walk::segments || kWalk == aligned_walk(T), "the pair walk takes Q4_K and Q5_K, the run walk Q6_K");
+  static_assert(kWalk == Walk::segments || kWalk == aligned_walk(T), "a unit walk of another type");
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   constexpr int kBytes = static_cast<int>(info(T).block_bytes);
   constexpr int kElems = static_cast<int>(info(T).block_elems);
@@ -340,7 +371,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
 
   // The weights do not depend on x: their first copies are in flight while the CTA quantizes it.
   for (int s = 0; s < kStages - 1; ++s) issue();
-  if constexpr (kWalk == Walk::pairs) {
+  if constexpr (kWalk == Walk::pairs || kWalk == Walk::q8_pairs) {
     PairXStore store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
                      static_cast<std::uint32_t>(K / kUnitVals)};
     quantize_q8_chunks_into(x, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
@@ -390,6 +421,21 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
           v = fmaf(g.b[0], s0.y, v);
           v = fmaf(g.a[1] * static_cast<float>(dot32(g.q[1], xr[2 * U], xr[3 * U])), s1.x, v);
           acc[m] = fmaf(g.b[1], s1.y, v);
+        }
+      }
+    } else if constexpr (kWalk == Walk::q8_pairs) {
+      const unsigned char* buf = bufs + dbuf * kBuf;
+      const std::int64_t U = K / kUnitVals;
+      for (int u = lane; u < count / 2; u += 32) {  // a step's 64 blocks: one pair a lane (17-word stride: no conflicts)
+        Q8PairCodes g;
+        decode_q8_pair(buf + u * 2 * kBytes, g);
+        const std::int64_t ux = first / 2 + u;  // the pair's index in a row of x
+#pragma unroll
+        for (int m = 0; m < MM; ++m) {
+          const uint4* xr = reinterpret_cast<const uint4*>(xq + m * K) + ux;
+          const float2* sr = xp + m * xblocks + ux;
+          const float v = fmaf(g.d[0] * static_cast<float>(dot32(g.q[0], xr[0], xr[U])), sr[0].x, acc[m]);
+          acc[m] = fmaf(g.d[1] * static_cast<float>(dot32(g.q[1], xr[2 * U], xr[3 * U])), sr[U].x, v);
         }
       }
     } else if constexpr (kWalk == Walk::q6_runs) {
