@@ -44,6 +44,7 @@
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
 #include "infer/quant/gguf_dot.hpp"
+#include "infer/quant/gguf_units.hpp"
 #include "chained_launch.cuh"
 #include "mma_bf16.cuh"
 #include "q8_activations.cuh"
@@ -96,7 +97,7 @@ constexpr Walk aligned_walk(DType t) {
     default: return Walk::segments;
   }
 }
-constexpr int kUnitVals = 64;  // values of one unit of the pair and run walks
+using quant::kUnitVals;
 
 /// Shared memory of x for M rows: the codes, then 8 bytes of scale per 32 values (per 16 for Q6_K, whose
 /// run walk keeps a scale per 16-value piece), rounded up to 16.
@@ -108,163 +109,50 @@ constexpr std::int64_t smem_bytes(DType t, int M, std::int64_t K) {
   return x_smem_bytes(t, M, K) + kWarps * kStages * buf_bytes(t);
 }
 
-/// x for the pair walk, M rows of K values, U = K / 64 pairs a row: piece r (16 codes) of pair u of row m at
-/// m·K + (r·U + u)·16, and the scale of its sub-block h (0, 1) as float2 {d, d·Σq} at [m·K/32 + h·U + u].
-/// Eight lanes on neighbouring pairs read 128 contiguous bytes.
-struct PairXStore {
+/// x for the unit walks, M rows of K values: the codes in pieces (quant/gguf_units.hpp: piece r of unit u of row
+/// m at m·K + (r·U + u)·16, U = K / 64), then the pieces' scales: pairs (kQ6 false) one per 32-value sub-block,
+/// sub-block h of unit u at [m·K/32 + h·U + u] with the block's code sum; Q6_K runs one per piece, piece q of
+/// unit u at [m·K/16 + q·U + u] with the piece's code sum (the −32 offset needs it).
+template <bool kQ6>
+struct UnitXStore {
   std::int8_t* xq;
-  float2* xs;
-  std::uint32_t chunks_per_row, blocks_per_row, pairs_per_row;  // K/8, K/32, K/64
-  __device__ __forceinline__ void codes(std::int64_t c, uint2 v) const {
-    const auto cc = static_cast<std::uint32_t>(c);
-    const std::uint32_t m = cc / chunks_per_row, i = cc - m * chunks_per_row;  // chunk i of row m: values 8i..
-    const std::uint32_t u = i / 8, r = (i % 8) / 2, half = i % 2;
-    *reinterpret_cast<uint2*>(xq + m * 8 * chunks_per_row + (r * pairs_per_row + u) * 16 + 8 * half) = v;
-  }
-  __device__ __forceinline__ void scale(std::int64_t b, quant::Q8Scale v) const {
-    const auto bb = static_cast<std::uint32_t>(b);
-    const std::uint32_t m = bb / blocks_per_row, i = bb - m * blocks_per_row;
-    xs[m * blocks_per_row + (i % 2) * pairs_per_row + i / 2] =
-        make_float2(v.d, v.d * static_cast<float>(static_cast<int>(v.sum_lo) + v.sum_hi));
-  }
-};
-
-/// x for the Q6_K run walk, M rows of K values, U = K / 64 units a row. Unit u = 4j + 2h + t covers positions
-/// 16t..16t+15 of half h of block j in each of the half's four 32-value runs q; its piece q (16 codes) sits at
-/// m·K + (q·U + u)·16 and the piece's scale as float2 {d, d·Σq over the piece} at [m·K/16 + q·U + u].
-struct Q6RunXStore {
-  std::int8_t* xq;
-  float2* xs;
+  quant::PieceScale* xs;
   std::uint32_t chunks_per_row, blocks_per_row, units_per_row;  // K/8, K/32, K/64
+  __device__ __forceinline__ static quant::PiecePos place(std::uint32_t v) {
+    return kQ6 ? quant::q6_run_piece_of(v) : quant::pair_piece_of(v);
+  }
   __device__ __forceinline__ void codes(std::int64_t c, uint2 v) const {
     const auto cc = static_cast<std::uint32_t>(c);
     const std::uint32_t m = cc / chunks_per_row, i = cc - m * chunks_per_row;  // values 8i.. of row m
-    // value 8i: block i / 32, half (i / 16) % 2, run (i / 4) % 4, t (i / 2) % 2, 8-value half of the piece i % 2
-    const std::uint32_t u = (i / 32) * 4 + ((i / 16) % 2) * 2 + (i / 2) % 2, q = (i / 4) % 4;
-    *reinterpret_cast<uint2*>(xq + m * 8 * chunks_per_row + (q * units_per_row + u) * 16 + 8 * (i % 2)) = v;
+    const quant::PiecePos pos = place(8 * i);
+    *reinterpret_cast<uint2*>(xq + m * 8 * chunks_per_row + (pos.piece * units_per_row + pos.unit) * 16 + pos.at) = v;
   }
   __device__ __forceinline__ void scale(std::int64_t b, quant::Q8Scale v) const {
     const auto bb = static_cast<std::uint32_t>(b);
-    const std::uint32_t m = bb / blocks_per_row, i = bb - m * blocks_per_row;  // run i % 4 of half (i / 4) % 2
-    const std::uint32_t u = (i / 8) * 4 + ((i / 4) % 2) * 2, q = i % 4;
-    float2* row = xs + m * 2 * blocks_per_row + q * units_per_row + u;
-    row[0] = make_float2(v.d, v.d * static_cast<float>(v.sum_lo));  // t = 0: the run's values 0..15
-    row[1] = make_float2(v.d, v.d * static_cast<float>(v.sum_hi));  // t = 1: 16..31
-  }
-};
-
-/// Unit (h, t) of a Q6_K block in shared memory (2-byte aligned): codes c[q] (0..63, word i = positions
-/// 16t + 4i.. of run q) and a[q] = d·scale of those 16 values; value = a[q]·(c − 32).
-struct Q6RunCodes {
-  std::uint32_t c[4][4];
-  float a[4];
-};
-__device__ __forceinline__ void decode_q6_run(const unsigned char* blk, int h, int t, Q6RunCodes& g) {
-  const auto* b = reinterpret_cast<const std::uint8_t*>(blk);
-  std::uint32_t lo[4], hi[4], qh[4], sc[2];
-  quant::load_le_words<4>(b + 64 * h + 16 * t, lo);       // runs 0 (low nibbles) and 2 (high)
-  quant::load_le_words<4>(b + 64 * h + 32 + 16 * t, hi);  // runs 1 and 3
-  quant::load_le_words<4>(b + 128 + 32 * h + 16 * t, qh);  // bits 2q, 2q + 1: run q's top two bits
-  quant::load_le_words<2>(b + 192 + 8 * h, sc);            // scale of run q, positions 16t..: byte 2q + t
-  const float d = quant::detail::f16_at(b + 208);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    g.c[0][i] = (lo[i] & 0x0f0f0f0fu) | ((qh[i] << 4) & 0x30303030u);
-    g.c[1][i] = (hi[i] & 0x0f0f0f0fu) | ((qh[i] << 2) & 0x30303030u);
-    g.c[2][i] = ((lo[i] >> 4) & 0x0f0f0f0fu) | (qh[i] & 0x30303030u);
-    g.c[3][i] = ((hi[i] >> 4) & 0x0f0f0f0fu) | ((qh[i] >> 2) & 0x30303030u);
-  }
-  const unsigned sh = 8u * static_cast<unsigned>(t);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const std::uint32_t w = sc[q / 2] >> (16u * static_cast<unsigned>(q % 2) + sh);
-    g.a[q] = d * static_cast<float>(static_cast<std::int8_t>(w & 0xffu));
-  }
-}
-
-/// Two neighbouring Q8_0 blocks at a 4-byte aligned address of shared memory: their codes (q[h] block h's,
-/// word i = values 4i..4i+3) and scales. 17 aligned words hold both: block 0's codes straddle words 0-8 (2 bytes
-/// in), block 1's scale is word 8's upper half and its codes are words 9-16.
-struct Q8PairCodes {
-  std::uint32_t q[2][8];
-  float d[2];
-};
-__device__ __forceinline__ void decode_q8_pair(const unsigned char* p, Q8PairCodes& g) {
-  const auto* w = reinterpret_cast<const std::uint32_t*>(p);
-  std::uint32_t r[17];
-#pragma unroll
-  for (int i = 0; i < 17; ++i) r[i] = w[i];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    g.q[0][i] = __funnelshift_r(r[i], r[i + 1], 16);
-    g.q[1][i] = r[9 + i];
-  }
-  g.d[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(r[0] & 0xffffu)));
-  g.d[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(r[8] >> 16)));
-}
-
-/// Σ of four dp4a: 16 codes against one 16-code piece of x.
-__device__ __forceinline__ int dot16(const std::uint32_t (&q)[4], uint4 x) {
-  int s = __dp4a(static_cast<int>(q[0]), static_cast<int>(x.x), 0);
-  s = __dp4a(static_cast<int>(q[1]), static_cast<int>(x.y), s);
-  s = __dp4a(static_cast<int>(q[2]), static_cast<int>(x.z), s);
-  return __dp4a(static_cast<int>(q[3]), static_cast<int>(x.w), s);
-}
-
-/// Sub-blocks 2p and 2p + 1 of a Q4_K or Q5_K block in shared memory (16-byte aligned): their codes, word i of
-/// q[h] holding values 4i..4i+3 of sub-block 2p + h, and the floats of value l: a[h]·q + b[h].
-struct PairCodes {
-  std::uint32_t q[2][8];
-  float a[2], b[2];
-};
-template <DType T>
-__device__ __forceinline__ void decode_pair(const unsigned char* blk, int p, PairCodes& g) {
-  const uint4 hdr = *reinterpret_cast<const uint4*>(blk);  // d, dmin (f16), then the 12 bytes of scales
-  // The 6-bit scale and min of sub-block j: bytes j of (y, z) & 63 for j < 4; for j >= 4 the low nibbles
-  // (scales) and high nibbles (mins) of w's byte j - 4, topped by the spare two bits of y's and z's.
-  const std::uint32_t sc_lo = hdr.y & 0x3f3f3f3fu, m_lo = hdr.z & 0x3f3f3f3fu;
-  const std::uint32_t sc_hi = (hdr.w & 0x0f0f0f0fu) | ((hdr.y >> 2) & 0x30303030u);
-  const std::uint32_t m_hi = ((hdr.w >> 4) & 0x0f0f0f0fu) | ((hdr.z >> 2) & 0x30303030u);
-  const std::uint32_t scw = p < 2 ? sc_lo : sc_hi, mw = p < 2 ? m_lo : m_hi;
-  const unsigned sh = 16u * static_cast<unsigned>(p & 1);
-  const float2 dm = __half22float2(*reinterpret_cast<const __half2*>(&hdr.x));
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    g.a[h] = dm.x * static_cast<float>((scw >> (sh + 8 * h)) & 0xffu);
-    g.b[h] = -(dm.y * static_cast<float>((mw >> (sh + 8 * h)) & 0xffu));
-  }
-  constexpr int qs = T == DType::q4_k ? 16 : 48;  // Q5_K keeps 32 bytes of fifth bits before its nibbles
-  const uint4 w0 = *reinterpret_cast<const uint4*>(blk + qs + 32 * p);
-  const uint4 w1 = *reinterpret_cast<const uint4*>(blk + qs + 32 * p + 16);
-  const std::uint32_t w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    g.q[0][i] = w[i] & 0x0f0f0f0fu;
-    g.q[1][i] = (w[i] >> 4) & 0x0f0f0f0fu;
-  }
-  if constexpr (T == DType::q5_k) {  // bit s of qh byte l: the fifth bit of value l of sub-block s
-    const uint4 h0 = *reinterpret_cast<const uint4*>(blk + 16);
-    const uint4 h1 = *reinterpret_cast<const uint4*>(blk + 32);
-    const std::uint32_t hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-    const unsigned s0 = 2u * static_cast<unsigned>(p);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      g.q[0][i] |= ((hw[i] >> s0) & 0x01010101u) << 4;
-      g.q[1][i] |= ((hw[i] >> (s0 + 1)) & 0x01010101u) << 4;
+    const std::uint32_t m = bb / blocks_per_row, i = bb - m * blocks_per_row;  // values 32i.. of row m
+    if constexpr (kQ6) {
+      const quant::PiecePos p0 = place(32 * i), p1 = place(32 * i + 16);
+      quant::PieceScale* row = xs + m * 2 * blocks_per_row;
+      row[p0.piece * units_per_row + p0.unit] = {v.d, v.d * static_cast<float>(v.sum_lo)};
+      row[p1.piece * units_per_row + p1.unit] = {v.d, v.d * static_cast<float>(v.sum_hi)};
+    } else {
+      const quant::PiecePos p = place(32 * i);  // piece 0 or 2: sub-block p.piece / 2
+      xs[m * blocks_per_row + (p.piece / 2) * units_per_row + p.unit] = {
+          v.d, v.d * static_cast<float>(static_cast<int>(v.sum_lo) + v.sum_hi)};
     }
   }
-}
+};
 
-/// Σ of eight dp4a: sub-block codes against two 16-code pieces of x.
-__device__ __forceinline__ int dot32(const std::uint32_t (&q)[8], uint4 x0, uint4 x1) {
-  int s = __dp4a(static_cast<int>(q[0]), static_cast<int>(x0.x), 0);
-  s = __dp4a(static_cast<int>(q[1]), static_cast<int>(x0.y), s);
-  s = __dp4a(static_cast<int>(q[2]), static_cast<int>(x0.z), s);
-  s = __dp4a(static_cast<int>(q[3]), static_cast<int>(x0.w), s);
-  s = __dp4a(static_cast<int>(q[4]), static_cast<int>(x1.x), s);
-  s = __dp4a(static_cast<int>(q[5]), static_cast<int>(x1.y), s);
-  s = __dp4a(static_cast<int>(q[6]), static_cast<int>(x1.z), s);
-  return __dp4a(static_cast<int>(q[7]), static_cast<int>(x1.w), s);
+/// Pieces q·U + u (q = 0..3) of a unit, from shared memory, as the unit dots take them.
+__device__ __forceinline__ void load_pieces(const uint4* xr, std::int64_t U, std::uint32_t (&xp)[4][4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint4 v = xr[q * U];
+    xp[q][0] = v.x;
+    xp[q][1] = v.y;
+    xp[q][2] = v.z;
+    xp[q][3] = v.w;
+  }
 }
 
 using detail::cp_async_commit;
@@ -274,13 +162,18 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src)
   detail::cp_async_16(detail::smem_u32(smem_dst), gmem_src, true);
 }
 
+/// CTAs an SM should hold, for the register budget: 3 up to 4 rows of x (Llama's K = 4096 then takes ~75 KiB of
+/// shared memory a CTA), 2 above (where shared memory allows no more anyway). Without the bound the unit walks
+/// took ~100 registers from 3 rows up, two CTAs an SM.
+constexpr int kMinBlocks(int rows) { return rows <= 4 ? 3 : 2; }
+
 /// kWalk: segments, or aligned_walk(T) where the weights are 16-byte aligned. `aligned`: the tensor and its
 /// rows are 16-byte aligned, so a step's copy needs no edge checks (always so in the pair and run walks). `swiglu`: W is a
 /// stacked [gate; up] of N rows and y gets N / 2 columns, silu(x·gate_i) · (x·up_i): a warp walks gate row i,
 /// then up row i, and writes the product itself (the decode step's SwiGLU kernel, and the round trip of
 /// gate and up through memory, disappear).
 template <DType T, int MM, Walk kWalk>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __restrict__ w,
+__global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const unsigned char* __restrict__ w,
                                                         const std::uint16_t* __restrict__ x, std::int64_t N,
                                                         std::int64_t K, void* __restrict__ y, std::int64_t ldy,
                                                         int y_f32, int aligned, int swiglu) {
@@ -295,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   auto* xq = reinterpret_cast<std::int8_t*>(smem);
   auto* xs = reinterpret_cast<quant::Q8Scale*>(smem + MM * K);  // segment walk
-  auto* xp = reinterpret_cast<float2*>(smem + MM * K);          // pair and run walks
+  auto* xp = reinterpret_cast<quant::PieceScale*>(smem + MM * K);  // unit walks
   const std::int64_t xblocks = K / quant::kQ8Block;  // activation blocks per row of x
   unsigned char* bufs = smem + x_smem_bytes(T, MM, K) + static_cast<std::int64_t>(warp) * kStages * kBuf;
 
@@ -372,12 +265,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
   // The weights do not depend on x: their first copies are in flight while the CTA quantizes it.
   for (int s = 0; s < kStages - 1; ++s) issue();
   if constexpr (kWalk == Walk::pairs || kWalk == Walk::q8_pairs) {
-    PairXStore store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
-                     static_cast<std::uint32_t>(K / kUnitVals)};
+    UnitXStore<false> store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
+                            static_cast<std::uint32_t>(K / kUnitVals)};
     quantize_q8_chunks_into(x, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
   } else if constexpr (kWalk == Walk::q6_runs) {
-    Q6RunXStore store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
-                      static_cast<std::uint32_t>(K / kUnitVals)};
+    UnitXStore<true> store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
+                           static_cast<std::uint32_t>(K / kUnitVals)};
     quantize_q8_chunks_into(x, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
   } else {
     quantize_q8_chunks(x, MM * K / 8, MM * K / 8, xq, xs, threadIdx.x, kThreads);
@@ -403,60 +296,36 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const unsigned char* __r
     int count;
     std::uintptr_t start;
     step_at(row_of(dc), dc.t, first, count, start);
-    if constexpr (kWalk == Walk::pairs) {
-      const unsigned char* buf = bufs + dbuf * kBuf;
+    if constexpr (kWalk != Walk::segments) {
+      // A step holds 4 units a block (a lane's are all the same unit of their blocks: 32 lanes, 4 units), or
+      // for Q8_0 one unit per two of its 64 blocks (a lane each; a 17-word stride meets no bank conflict).
+      const auto* buf = reinterpret_cast<const std::uint8_t*>(bufs + dbuf * kBuf);
       const std::int64_t U = K / kUnitVals;
-      const int p = lane & 3;  // every pair this lane takes is pair p of its block (32 lanes, 4 pairs a block)
-      for (int u = lane; u < count * 4; u += 32) {
-        PairCodes g;
-        decode_pair<T>(buf + (u >> 2) * kBytes, p, g);
-        const std::int64_t ux = first * 4 + u;  // the pair's index in a row of x
+      constexpr bool kQ8 = kWalk == Walk::q8_pairs;
+      const int units = kQ8 ? count / 2 : count * 4;
+      const int which = lane & 3;
+      for (int u = lane; u < units; u += 32) {
+        const std::int64_t ux = (kQ8 ? first / 2 : first * 4) + u;  // the unit's index in a row of x
+        [[maybe_unused]] quant::PairCodes kp;
+        [[maybe_unused]] quant::Q8PairCodes q8;
+        [[maybe_unused]] quant::Q6RunCodes q6;
+        if constexpr (kWalk == Walk::pairs) quant::decode_kpair<T>(buf + (u >> 2) * kBytes, which, kp);
+        else if constexpr (kQ8) quant::decode_q8_pair(buf + u * 2 * kBytes, q8);
+        else quant::decode_q6_run(buf + (u >> 2) * kBytes, which >> 1, which & 1, q6);
 #pragma unroll
         for (int m = 0; m < MM; ++m) {
-          const uint4* xr = reinterpret_cast<const uint4*>(xq + m * K) + ux;
-          const float2* sr = xp + m * xblocks + ux;
-          const float2 s0 = sr[0], s1 = sr[U];
-          float v = acc[m];
-          v = fmaf(g.a[0] * static_cast<float>(dot32(g.q[0], xr[0], xr[U])), s0.x, v);
-          v = fmaf(g.b[0], s0.y, v);
-          v = fmaf(g.a[1] * static_cast<float>(dot32(g.q[1], xr[2 * U], xr[3 * U])), s1.x, v);
-          acc[m] = fmaf(g.b[1], s1.y, v);
-        }
-      }
-    } else if constexpr (kWalk == Walk::q8_pairs) {
-      const unsigned char* buf = bufs + dbuf * kBuf;
-      const std::int64_t U = K / kUnitVals;
-      for (int u = lane; u < count / 2; u += 32) {  // a step's 64 blocks: one pair a lane (17-word stride: no conflicts)
-        Q8PairCodes g;
-        decode_q8_pair(buf + u * 2 * kBytes, g);
-        const std::int64_t ux = first / 2 + u;  // the pair's index in a row of x
-#pragma unroll
-        for (int m = 0; m < MM; ++m) {
-          const uint4* xr = reinterpret_cast<const uint4*>(xq + m * K) + ux;
-          const float2* sr = xp + m * xblocks + ux;
-          const float v = fmaf(g.d[0] * static_cast<float>(dot32(g.q[0], xr[0], xr[U])), sr[0].x, acc[m]);
-          acc[m] = fmaf(g.d[1] * static_cast<float>(dot32(g.q[1], xr[2 * U], xr[3 * U])), sr[U].x, v);
-        }
-      }
-    } else if constexpr (kWalk == Walk::q6_runs) {
-      const unsigned char* buf = bufs + dbuf * kBuf;
-      const std::int64_t U = K / kUnitVals;
-      const int t = lane & 1, h = (lane >> 1) & 1;  // every unit this lane takes is unit (h, t) of its block
-      for (int u = lane; u < count * 4; u += 32) {
-        Q6RunCodes g;
-        decode_q6_run(buf + (u >> 2) * kBytes, h, t, g);
-        const std::int64_t ux = first * 4 + u;  // the unit's index in a row of x
-#pragma unroll
-        for (int m = 0; m < MM; ++m) {
-          const uint4* xr = reinterpret_cast<const uint4*>(xq + m * K) + ux;
-          const float2* sr = xp + m * 2 * xblocks + ux;
-          float v = acc[m];
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {  // value = a·(c − 32): a·(d_x·Σ c·x_q − 32·d_x·Σ x_q)
-            const float2 sq = sr[q * U];
-            v = fmaf(g.a[q], fmaf(sq.x, static_cast<float>(dot16(g.c[q], xr[q * U])), -32.0f * sq.y), v);
+          std::uint32_t xw[4][4];
+          load_pieces(reinterpret_cast<const uint4*>(xq + m * K) + ux, U, xw);
+          if constexpr (kWalk == Walk::q6_runs) {
+            const quant::PieceScale* sr = xp + m * 2 * xblocks + ux;
+            const quant::PieceScale sc[4] = {sr[0], sr[U], sr[2 * U], sr[3 * U]};
+            acc[m] += quant::q6_run_dot(q6, xw, sc);
+          } else {
+            const quant::PieceScale* sr = xp + m * xblocks + ux;
+            const quant::PieceScale sc[2] = {sr[0], sr[U]};
+            if constexpr (kQ8) acc[m] += quant::q8_pair_dot(q8, xw, sc);
+            else acc[m] += quant::kpair_dot<T>(kp, xw, sc);
           }
-          acc[m] = v;
         }
       }
     } else {
