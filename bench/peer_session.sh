@@ -60,7 +60,8 @@ if [ -z "${SKIP_PATHS:-}" ]; then
 fi
 # The [cuda] suite's CPU reference on part of the CPUs, beside llama.cpp's build or the 8B files' making;
 # both end before the timed runs below.
-OPENBLAS_NUM_THREADS=8 nice -n 5 "$build"/tests/test_cuda "[cuda]" --durations yes >"$OUT/test-cuda.log" 2>&1 &
+# CUDA_TESTS: a Catch2 filter for a shorter session (e.g. "[gemm],GPU decoder*"); the whole [cuda] suite by default.
+OPENBLAS_NUM_THREADS=8 nice -n 5 "$build"/tests/test_cuda "${CUDA_TESTS:-[cuda]}" --durations yes >"$OUT/test-cuda.log" 2>&1 &
 tests=$!
 if [ $prebuilt = 0 ]; then
   while [ ! -f /root/lcp.done ]; do sleep 2; done
