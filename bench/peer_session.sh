@@ -14,8 +14,10 @@
 #      bench/device_job.sh start peers bash bench/peer_session.sh && bench/device_job.sh wait peers 560 /root/session
 #   5+. bench/device_job.sh wait peers 560 /root/session, until it ends.
 # About 13 minutes of device time at 2026-12-06 with llama.cpp built on the device (~6 of them), ~8 with it built ahead.
-# Three calls instead (2026-12-07): the first carries .deps, .xfer/peers and a PACK_TARGETS="test_cuda
-# infer-bench-latency infer-bench-throughput" pack (66 MB with the tree, under the 64 MiB), unpacks them, starts
+# Three calls instead (2026-12-06, twelfth session; 10 minutes): the first carries .xfer/deps-run
+# (bench/pack_runtime_deps.sh: .deps' runtime libraries only), .xfer/peers and a PACK_TARGETS="test_cuda
+# infer-bench-latency infer-bench-throughput" pack (55 MB with the tree; with .deps instead the call was refused
+# as over its 64 MiB), unpacks them, starts
 # llama.cpp's build in the background (`touch /root/lcp.started; setsid nohup bash /root/peers/device.sh build
 # &`) and runs the GEMV tests and paths bench itself; the next two carry the model's parts, the second starting
 # this script with SKIP_PATHS=1.
