@@ -719,6 +719,19 @@ TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cud
   };
   const Layer layers[] = {{"q", 4096, 4096}, {"kv", 1024, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336},
                           {"lm_head", 128256, 4096}};
+  {
+    // The copy rate of this GPU in this run, for the GB/s below: a device-to-device copy of 1 GiB reads and
+    // writes it, so its rate is 2 GiB over the time (what ncu's dram__bytes counts), as the GPU tool's notes
+    // quote it (4.27 TB/s on the H200).
+    const std::size_t bytes = std::size_t{1} << 30;
+    test::DeviceMem src(bytes), dst(bytes);
+    CUDA_REQUIRE(cudaMemset(src.p, 0x11, bytes));
+    const double ms = median_ms(1, stream, [&](int) {
+      CUDA_REQUIRE(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, stream));
+    });
+    std::printf("copy: 1 GiB device to device %.3f ms, %.0f GB/s read + written\n", ms,
+                2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
+  }
   for (DType t : {DType::q4_k, DType::q6_k, DType::q8_0, DType::q4_0}) {
     for (const Layer& l : layers) {
       const std::size_t bytes = *row_bytes(t, static_cast<std::uint64_t>(l.N * l.K));
