@@ -4,7 +4,7 @@
 // memory delivers them. The float version widened each code to f32 and multiplied it by a bf16 activation
 // (~6 instructions a value) and read a third of the copy rate on Q4_K. Here x is quantized to int8 in blocks
 // of 32 (quant/gguf_dot.hpp: one f32 scale and the code sums per block) and each 32-value segment of a
-// weight block meets it in eight dp4a: about 1.5 instructions a value for 4-bit codes. Layout of the work:
+// weight block meets it in eight dp4a. Layout of the work:
 // - a CTA of 8 warps; each warp owns whole output rows (row = CTA * 8 + warp, strided by the grid, which
 //   is sized to fill the GPU once, so x is quantized once per CTA and not once per row);
 // - the CTA first starts its weight copies, then quantizes x (M×K bf16) into shared memory: int8 codes and
@@ -19,20 +19,20 @@
 //   quant::segment_dot per row: integer sums, floats once per segment;
 // - per-row partial sums are reduced across the warp with shuffles, f32 throughout, rounded once at the end
 //   (bf16, or f32 for logits), written with a row stride so stacked parts land in their columns.
-// Q4_K and Q5_K, whose 144- and 176-byte blocks keep 16-byte alignment, take a leaner walk (`Pairs`): a lane
-// decodes a *pair* of sub-blocks (the 32 bytes of nibbles they share, with two 16-byte shared-memory loads,
-// and the block's 16-byte header once for 64 values instead of once for 32), and x is stored in pieces so that
-// eight lanes on neighbouring pairs read 128 contiguous bytes (no bank conflicts; the segment walk's x reads
-// conflict two ways). ncu at a12616a (H100) had the segment walk at 1.2-1.5 TB/s on Llama-3-8B's Q4_K layers,
-// about 3 instructions a value with its byte loads; the pair walk takes about 1.5.
-// Q6_K (210-byte blocks, 2-byte aligned in a step) takes a run walk (`q6_runs`): a lane the same 16 positions of
-// a 128-value half in each of its four 32-value runs, which share those 16 bytes of high bits and two 16-byte
-// spans of low nibbles (three unaligned 16-byte reads for 64 values, where a segment reads 64 bytes for 32).
-// Q8_0 (34-byte blocks) takes a pair walk of its own (`q8_pairs`): two neighbouring blocks are 68 bytes at a
-// 4-byte aligned address, 17 word loads for 64 values, where a segment took 9 word loads, 8 funnel shifts and
-// two byte loads for 32.
-// Where the tensor and its rows are 16-byte aligned (every file's tensors are) a step's copy is plain: its
-// chunks are exactly its bytes, without the edge checks the general copy makes per chunk.
+// Unit walks (quant/gguf_units.hpp; `Walk` below). By instruction count the segment walk was issue-bound, not
+// memory-bound: ~3 instructions a value with its byte loads of each segment's header, unaligned word loads and
+// x reads that conflict two ways in shared memory (ncu at a12616a, H100: 1.2-1.5 TB/s on Llama-3-8B's Q4_K
+// layers). Where a type's blocks allow it and the tensor's rows are 16-byte aligned (a file's always are), a
+// lane takes a 64-value unit whose bytes it reads with few loads, and x is stored in pieces that eight lanes on
+// neighbouring units read as 128 contiguous bytes:
+// - Q4_K, Q5_K (`pairs`): sub-blocks 2p and 2p + 1, the 32 bytes of nibbles they share (two 16-byte loads) and
+//   the 16-byte header once for 64 values;
+// - Q6_K (`q6_runs`; 210-byte blocks, 2-byte aligned in a step): the same 16 positions of each of a half's four
+//   runs, which share 16 bytes of high bits and two 16-byte spans of nibbles;
+// - Q8_0 (`q8_pairs`): two neighbouring blocks, 68 bytes at a 4-byte aligned address (17 word loads).
+// Measured on an H100 at 51aeb8a (M = 1, bench/results/gpu-2026-12-06f): Q4_K 33-46% faster than the segment
+// walk (gate_up 2.46 TB/s), Q6_K 7-15%, Q8_0 2-4%. Aligned tensors also copy a step's chunks without the
+// general copy's edge checks. With `swiglu` a warp walks gate row i then up row i and writes silu(g)·u itself.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
