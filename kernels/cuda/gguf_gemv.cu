@@ -306,11 +306,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const un
       const int which = lane & 3;
       for (int u = lane; u < units; u += 32) {
         const std::int64_t ux = (kQ8 ? first / 2 : first * 4) + u;  // the unit's index in a row of x
-        [[maybe_unused]] quant::PairCodes kp;
-        [[maybe_unused]] quant::Q8PairCodes q8;
+        [[maybe_unused]] quant::PairCodes pc;
         [[maybe_unused]] quant::Q6RunCodes q6;
-        if constexpr (kWalk == Walk::pairs) quant::decode_kpair<T>(buf + (u >> 2) * kBytes, which, kp);
-        else if constexpr (kQ8) quant::decode_q8_pair(buf + u * 2 * kBytes, q8);
+        if constexpr (kWalk == Walk::pairs) quant::decode_kpair<T>(buf + (u >> 2) * kBytes, which, pc);
+        else if constexpr (kQ8) quant::decode_q8_pair(buf + u * 2 * kBytes, pc);
         else quant::decode_q6_run(buf + (u >> 2) * kBytes, which >> 1, which & 1, q6);
 #pragma unroll
         for (int m = 0; m < MM; ++m) {
@@ -323,8 +322,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const un
           } else {
             const quant::PieceScale* sr = xp + m * xblocks + ux;
             const quant::PieceScale sc[2] = {sr[0], sr[U]};
-            if constexpr (kQ8) acc[m] += quant::q8_pair_dot(q8, xw, sc);
-            else acc[m] += quant::kpair_dot<T>(kp, xw, sc);
+            acc[m] += quant::pair_dot<T>(pc, xw, sc);
           }
         }
       }

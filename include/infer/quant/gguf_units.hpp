@@ -96,8 +96,9 @@ INFER_HD int dot_words(const std::uint32_t* a, const std::uint32_t* b) {
 }
 }  // namespace detail
 
-/// Sub-blocks 2p and 2p + 1 of a Q4_K or Q5_K block (16-byte aligned): their codes, word i of q[h] holding
-/// values 4i..4i+3 of sub-block 2p + h, and the floats of each value: a[h]·q + b[h].
+/// Two 32-value halves of a pair unit: sub-blocks 2p and 2p + 1 of a Q4_K or Q5_K block, or two neighbouring
+/// Q8_0 blocks. Word i of q[h] holds values 4i..4i+3 of half h, and value = a[h]·q + b[h] (b: K-quants' mins;
+/// Q8_0 leaves it unset, pair_dot<q8_0> never reads it).
 struct PairCodes {
   std::uint32_t q[2][8];
   float a[2], b[2];
@@ -165,14 +166,10 @@ INFER_HD void decode_q6_run(const std::uint8_t* blk, int h, int t, Q6RunCodes& g
   }
 }
 
-/// Two neighbouring Q8_0 blocks at a 4-byte aligned address: their codes (q[h] block h's, word i = values
-/// 4i..4i+3) and scales. 17 aligned words hold both: block 0's codes straddle words 0-8 (2 bytes in), block 1's
-/// scale is word 8's upper half and its codes are words 9-16.
-struct Q8PairCodes {
-  std::uint32_t q[2][8];
-  float d[2];
-};
-INFER_HD void decode_q8_pair(const std::uint8_t* p, Q8PairCodes& g) {
+/// Two neighbouring Q8_0 blocks at a 4-byte aligned address (a[h] block h's scale). 17 aligned words hold both:
+/// block 0's codes straddle words 0-8 (2 bytes in), block 1's scale is word 8's upper half and its codes are
+/// words 9-16.
+INFER_HD void decode_q8_pair(const std::uint8_t* p, PairCodes& g) {
   std::uint32_t r[17];
   detail::load_words_aligned<17>(p, r);
   for (int i = 0; i < 8; ++i) {
@@ -184,8 +181,8 @@ INFER_HD void decode_q8_pair(const std::uint8_t* p, Q8PairCodes& g) {
     g.q[1][i] = r[9 + i];
   }
   float unused;
-  detail::f16x2_to_f32(r[0], g.d[0], unused);
-  detail::f16x2_to_f32(r[8], unused, g.d[1]);
+  detail::f16x2_to_f32(r[0], g.a[0], unused);
+  detail::f16x2_to_f32(r[8], unused, g.a[1]);
 }
 
 /// One activation piece's scale in the unit walks: {d, d·Σ codes} of its 32-value block (pairs: one per
@@ -194,22 +191,15 @@ struct PieceScale {
   float d, dsum;
 };
 
-/// A pair's contribution to one row of x: xp[r] the four pieces' codes (4 words each), s[h] sub-block h's scale.
+/// A pair's contribution to one row of x (T: Q4_K, Q5_K or Q8_0): xp[r] the four pieces' codes (4 words each),
+/// s[h] half h's scale.
 template <DType T>
-INFER_HD float kpair_dot(const PairCodes& g, const std::uint32_t (&xp)[4][4], const PieceScale (&s)[2]) {
+INFER_HD float pair_dot(const PairCodes& g, const std::uint32_t (&xp)[4][4], const PieceScale (&s)[2]) {
   float v = 0.0f;
   for (int h = 0; h < 2; ++h) {
     const int dot = detail::dot_words<4>(g.q[h], xp[2 * h]) + detail::dot_words<4>(g.q[h] + 4, xp[2 * h + 1]);
     v = fmaf(g.a[h] * static_cast<float>(dot), s[h].d, v);
-    v = fmaf(g.b[h], s[h].dsum, v);
-  }
-  return v;
-}
-INFER_HD float q8_pair_dot(const Q8PairCodes& g, const std::uint32_t (&xp)[4][4], const PieceScale (&s)[2]) {
-  float v = 0.0f;
-  for (int h = 0; h < 2; ++h) {
-    const int dot = detail::dot_words<4>(g.q[h], xp[2 * h]) + detail::dot_words<4>(g.q[h] + 4, xp[2 * h + 1]);
-    v = fmaf(g.d[h] * static_cast<float>(dot), s[h].d, v);
+    if constexpr (DotFormat<T>::has_min) v = fmaf(g.b[h], s[h].dsum, v);
   }
   return v;
 }

@@ -149,15 +149,10 @@ double unit_walk_row(const std::uint8_t* row, const std::vector<std::int8_t>& xq
       sum += q6_run_dot(g, xw, sc);
     } else {
       const PieceScale sc[2] = {scales[u], scales[U + u]};
-      if constexpr (T == DType::q8_0) {
-        Q8PairCodes g;
-        decode_q8_pair(row + u * 2 * bb, g);
-        sum += q8_pair_dot(g, xw, sc);
-      } else {
-        PairCodes g;
-        decode_kpair<T>(row + (u / 4) * bb, static_cast<int>(u % 4), g);
-        sum += kpair_dot<T>(g, xw, sc);
-      }
+      PairCodes g;
+      if constexpr (T == DType::q8_0) decode_q8_pair(row + u * 2 * bb, g);
+      else decode_kpair<T>(row + (u / 4) * bb, static_cast<int>(u % 4), g);
+      sum += pair_dot<T>(g, xw, sc);
     }
   }
   return sum;
