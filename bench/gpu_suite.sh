@@ -465,6 +465,11 @@ JSON
       grep -E '"(n_prompt|n_gen|avg_ts)"' "$out/llama-bench-$tag.json" | tr -d ' \n'; echo
       run "$bin"/infer-bench-latency --model "$f" --backend cuda --batch-size 1 --input-len 512 --output-len 128 \
         --num-iters 5 --output-json "$out/latency-$tag-b1-512-128.json"
+      # PEER_AB="NAME=VALUE ...": the same run again under each setting (A/B of a kernel switch in one build)
+      for v in ${PEER_AB:-}; do
+        run env "$v" "$bin"/infer-bench-latency --model "$f" --backend cuda --batch-size 1 --input-len 512 \
+          --output-len 128 --num-iters 5 --output-json "$out/latency-$tag-b1-512-128-${v//=/-}.json"
+      done
       # the file's tensor bytes (gguf-py, installed by device.sh models), beside the weight bytes infer reports
       PYTHONPATH=/tmp/peer-site python3 -c "import gguf, sys; r = gguf.GGUFReader(sys.argv[1]); \
 print('file tensor bytes', sys.argv[1], sum(int(t.n_bytes) for t in r.tensors))" "$f"

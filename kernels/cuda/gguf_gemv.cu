@@ -5,8 +5,10 @@
 // (~6 instructions a value) and read a third of the copy rate on Q4_K. Here x is quantized to int8 in blocks
 // of 32 (quant/gguf_dot.hpp: one f32 scale and the code sums per block) and each 32-value segment of a
 // weight block meets it in eight dp4a. Layout of the work:
-// - a CTA of 8 warps; each warp owns whole output rows (row = CTA * 8 + warp, strided by the grid, which
-//   is sized to fill the GPU once, so x is quantized once per CTA and not once per row);
+// - a CTA of 8 warps owns a contiguous, balanced range of output rows (the grid fills the GPU once, so x is
+//   quantized once per CTA and not once per row), and its warps share the steps of those rows: a long row is
+//   spread over the warps, short rows go one a warp (see gemv_kernel). Owning whole rows a warp, a 4,096-row
+//   layer on 132 SMs × 24 warps left 71% of the warps idle for its last row;
 // - the CTA first starts its weight copies, then quantizes x (M×K bf16) into shared memory: int8 codes and
 //   a Q8Scale per 32 values, 4 lanes per block with 16-byte loads; the codes equal quantize_q8_block's, the
 //   CPU reference, bit for bit (the same IEEE division and round-to-nearest-even);
@@ -17,8 +19,9 @@
 //   is copied 2 bytes at a time instead;
 // - a lane decodes one segment (quant::decode_segment) once for all M rows, and adds
 //   quant::segment_dot per row: integer sums, floats once per segment;
-// - per-row partial sums are reduced across the warp with shuffles, f32 throughout, rounded once at the end
-//   (bf16, or f32 for logits), written with a row stride so stacked parts land in their columns.
+// - a warp's partial sums are reduced across its lanes with shuffles, the warps' in shared memory in a fixed
+//   order, f32 throughout, rounded once at the end (bf16, or f32 for logits), written with a row stride so
+//   stacked parts land in their columns.
 // Unit walks (quant/gguf_units.hpp; `Walk` below). By instruction count the segment walk was issue-bound, not
 // memory-bound: ~3 instructions a value with its byte loads of each segment's header, unaligned word loads and
 // x reads that conflict two ways in shared memory (ncu at a12616a, H100: 1.2-1.5 TB/s on Llama-3-8B's Q4_K
@@ -105,8 +108,22 @@ constexpr std::int64_t x_smem_bytes(DType t, int M, std::int64_t K) {
   const std::int64_t scales = K / quant::kQ8Block * (t == DType::q6_k ? 2 : 1);
   return (M * K + M * scales * static_cast<std::int64_t>(sizeof(quant::Q8Scale)) + 15) / 16 * 16;
 }
+/// Shared memory of the warps' partial sums, per CTA: a slot per (row, step residue, x row), f32. A chunk of a
+/// CTA's rows is as many as fit (the kernel's `chunk_rows`); 1 KiB keeps three CTAs an SM at K = 14,336 and
+/// one row of x, 2 KiB above four rows (where there are one or two CTAs an SM anyway).
+constexpr std::int64_t red_bytes(int M) { return M <= 4 ? 1024 : 2048; }
 constexpr std::int64_t smem_bytes(DType t, int M, std::int64_t K) {
-  return x_smem_bytes(t, M, K) + kWarps * kStages * buf_bytes(t);
+  return x_smem_bytes(t, M, K) + red_bytes(M) + kWarps * kStages * buf_bytes(t);
+}
+/// 64-value units (unit walks) or 32-value segments (segment walk) in `blocks` blocks: what a warp's 32 lanes
+/// share in one step. A step of fewer than 32 leaves lanes idle.
+constexpr std::int64_t lane_work(DType t, Walk walk, std::int64_t blocks) {
+  switch (walk) {
+    case Walk::q8_pairs: return blocks / 2;
+    case Walk::pairs:
+    case Walk::q6_runs: return blocks * 4;
+    default: return blocks * (info(t).block_elems / quant::kQ8Block);
+  }
 }
 
 /// x for the unit walks, M rows of K values: the codes in pieces (quant/gguf_units.hpp: piece r of unit u of row
@@ -167,73 +184,77 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src)
 /// took ~100 registers from 3 rows up, two CTAs an SM.
 constexpr int kMinBlocks(int rows) { return rows <= 4 ? 3 : 2; }
 
-/// kWalk: segments, or aligned_walk(T) where the weights are 16-byte aligned. `aligned`: the tensor and its
-/// rows are 16-byte aligned, so a step's copy needs no edge checks (always so in the pair and run walks). `swiglu`: W is a
-/// stacked [gate; up] of N rows and y gets N / 2 columns, silu(x·gate_i) · (x·up_i): a warp walks gate row i,
-/// then up row i, and writes the product itself (the decode step's SwiGLU kernel, and the round trip of
-/// gate and up through memory, disappear).
+/// kWalk: segments, or aligned_walk(T) where the weights are 16-byte aligned. `aligned`: the tensor, its rows
+/// and its steps are 16-byte aligned, so a step's copy needs no edge checks (always so in the unit walks).
+/// `swiglu`: W is a stacked [gate; up] of N rows and y gets N / 2 columns, silu(x·gate_i) · (x·up_i), written
+/// by the CTA that computed both (the decode step's SwiGLU kernel, and the round trip of gate and up through
+/// memory, disappear). `step`: blocks per item, at most step_blocks(T) (launch's pick_step says why it varies).
+///
+/// Work: CTA c owns the outputs [c·outs/grid, (c+1)·outs/grid), a balanced contiguous range (grid = the CTAs
+/// the GPU holds at once, so there is one range per CTA and no second wave). Its items are the steps of those
+/// rows in order (output, then gate/up half, then step t), and warp w takes items w, w + 8, w + 16, ...: a long
+/// row is spread over the warps, short rows go one a warp. A warp sums its items of one row in registers and
+/// leaves the sum in a slot of `red` picked by the item's t mod 8, so the CTA adds a row's slots in a fixed
+/// order (results do not depend on timing: replays are bit-identical). Rows go in chunks as many as `red` holds,
+/// each closed by a barrier, the output written, and a second barrier before `red` is reused.
 template <DType T, int MM, Walk kWalk>
 __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const unsigned char* __restrict__ w,
                                                         const std::uint16_t* __restrict__ x, std::int64_t N,
                                                         std::int64_t K, void* __restrict__ y, std::int64_t ldy,
-                                                        int y_f32, int aligned, int swiglu) {
+                                                        int y_f32, int aligned, int swiglu, int step,
+                                                        int early_copies) {
   static_assert(kWalk == Walk::segments || kWalk == aligned_walk(T), "a unit walk of another type");
-  chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
+  if (!early_copies) chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   constexpr int kBytes = static_cast<int>(info(T).block_bytes);
   constexpr int kElems = static_cast<int>(info(T).block_elems);
   constexpr int kSegs = quant::DotFormat<T>::segs;
-  constexpr int kStep = step_blocks(T);
   constexpr int kBuf = static_cast<int>(buf_bytes(T));
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   auto* xq = reinterpret_cast<std::int8_t*>(smem);
   auto* xs = reinterpret_cast<quant::Q8Scale*>(smem + MM * K);  // segment walk
   auto* xp = reinterpret_cast<quant::PieceScale*>(smem + MM * K);  // unit walks
+  auto* red = reinterpret_cast<float*>(smem + x_smem_bytes(T, MM, K));
   const std::int64_t xblocks = K / quant::kQ8Block;  // activation blocks per row of x
-  unsigned char* bufs = smem + x_smem_bytes(T, MM, K) + static_cast<std::int64_t>(warp) * kStages * kBuf;
+  unsigned char* bufs =
+      smem + x_smem_bytes(T, MM, K) + red_bytes(MM) + static_cast<std::int64_t>(warp) * kStages * kBuf;
 
   const std::int64_t nb = K / kElems;
   const std::int64_t row_bytes = nb * kBytes;
-  const std::int64_t steps = (nb + kStep - 1) / kStep;
-  const std::int64_t outs = swiglu ? N / 2 : N;  // output columns
-  const std::int64_t out0 = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp;
-  const std::int64_t out_stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
-  const int steps_i = static_cast<int>(steps);
+  const auto S = static_cast<unsigned>((nb + step - 1) / step);  // items a row
+  const unsigned H = swiglu ? 2u : 1u;                          // rows an output: gate and up, or one
+  const std::int64_t outs = swiglu ? N / 2 : N;                 // output columns
+  const std::int64_t o_begin = static_cast<std::int64_t>(blockIdx.x) * outs / gridDim.x;
+  const std::int64_t o_end = static_cast<std::int64_t>(blockIdx.x + 1) * outs / gridDim.x;
+  const auto rows = static_cast<unsigned>((o_end - o_begin) * H);  // this CTA's weight rows (launch bounds them)
+  const unsigned items = rows * S;
+  const unsigned P = S < 8 ? S : 8u;  // slots a row: one per step residue mod 8 that a warp holds
+  // Rows a chunk: as many as `red` holds, whole outputs (gate and up together).
+  const unsigned chunk_rows = static_cast<unsigned>(red_bytes(MM) / 4) / (P * MM) / H * H;
   const auto wbeg = reinterpret_cast<std::uintptr_t>(w);
   const std::uintptr_t wend = wbeg + static_cast<std::uintptr_t>(N * row_bytes);
 
-  // A warp's items are the steps of its rows in order: step t of row `half` of output out0 + r * out_stride
-  // (half 0 only, or with swiglu 0 = gate row i and 1 = up row outs + i). Issue and decode walk them with
-  // their own counters (no 64-bit division in the loop).
-  struct Cursor {
-    std::int64_t out;
-    int half, t;
-  };
-  auto advance = [&](Cursor& c) {
-    if (++c.t < steps_i) return;
-    c.t = 0;
-    if (swiglu && c.half == 0) {
-      c.half = 1;
-    } else {
-      c.half = 0;
-      c.out += out_stride;
-    }
-  };
-  auto row_of = [&](const Cursor& c) { return c.half ? outs + c.out : c.out; };
-  auto step_at = [&](std::int64_t row, int t, std::int64_t& first, int& count, std::uintptr_t& start) {
-    first = static_cast<std::int64_t>(t) * kStep;
+  // Item q: local row r = q / S (output o_begin + r / H, half r % H: gate, then up at weight row outs + o), step
+  // t = q % S. Issue and decode walk the warp's items with their own counters.
+  auto step_at = [&](unsigned q, unsigned& r, unsigned& t, std::int64_t& first, int& count, std::uintptr_t& start) {
+    r = q / S;
+    t = q - r * S;
+    const std::int64_t o = o_begin + r / H;
+    const std::int64_t row = (r % H) ? outs + o : o;
+    first = static_cast<std::int64_t>(t) * step;
     const std::int64_t left = nb - first;
-    count = left < kStep ? static_cast<int>(left) : kStep;
+    count = left < step ? static_cast<int>(left) : step;
     start = wbeg + static_cast<std::uintptr_t>(row * row_bytes + first * kBytes);
   };
-  Cursor ic{out0, 0, 0};
+  unsigned iq = static_cast<unsigned>(warp);
   int ibuf = 0;
   auto issue = [&]() {
-    if (ic.out < outs) {
+    if (iq < items) {
+      unsigned r, t;
       std::int64_t first;
       int count;
       std::uintptr_t start;
-      step_at(row_of(ic), ic.t, first, count, start);
+      step_at(iq, r, t, first, count, start);
       const std::uintptr_t end = start + static_cast<std::uintptr_t>(count) * kBytes;
       unsigned char* buf = bufs + ibuf * kBuf;
       if (kWalk != Walk::segments || aligned) {  // the step's bytes are whole 16-byte chunks
@@ -256,14 +277,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const un
           }
         }
       }
-      advance(ic);
+      iq += kWarps;
     }
     ibuf = ibuf + 1 == kStages ? 0 : ibuf + 1;
     cp_async_commit();  // empty groups too, so wait_group counts stay uniform
   };
 
-  // The weights do not depend on x: their first copies are in flight while the CTA quantizes it.
+  // The weights do not depend on x: their first copies are in flight while the CTA quantizes it. With
+  // `early_copies` they are issued before waiting for the previous kernel (the weights are never written
+  // during a step), so a CTA placed on an SM the previous kernel's tail left free starts its reads early.
   for (int s = 0; s < kStages - 1; ++s) issue();
+  if (early_copies) chained::wait_for_previous_kernel();
   if constexpr (kWalk == Walk::pairs || kWalk == Walk::q8_pairs) {
     UnitXStore<false> store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
                             static_cast<std::uint32_t>(K / kUnitVals)};
@@ -276,93 +300,100 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const un
     quantize_q8_chunks(x, MM * K / 8, MM * K / 8, xq, xs, threadIdx.x, kThreads);
   }
   __syncthreads();
-  if (out0 >= outs) {  // no barrier follows
-    cp_async_wait<0>();
-    return;
-  }
 
-  float acc[MM], gate[MM];
+  float acc[MM];
 #pragma unroll
   for (int m = 0; m < MM; ++m) acc[m] = 0.0f;
 
-  Cursor dc{out0, 0, 0};
+  unsigned dq = static_cast<unsigned>(warp);
   int dbuf = 0;
-  while (dc.out < outs) {
-    issue();
-    cp_async_wait<kStages - 1>();  // the group of this item has landed (this lane's part)
-    __syncwarp();                  // ... and every other lane's part
+  for (unsigned c0 = 0; c0 < rows; c0 += chunk_rows) {  // the same trip count in every warp: barriers below
+    const unsigned c1 = rows - c0 < chunk_rows ? rows : c0 + chunk_rows;
+    for (; dq < c1 * S; dq += kWarps) {
+      issue();
+      cp_async_wait<kStages - 1>();  // the group of this item has landed (this lane's part)
+      __syncwarp();                  // ... and every other lane's part
 
-    std::int64_t first;
-    int count;
-    std::uintptr_t start;
-    step_at(row_of(dc), dc.t, first, count, start);
-    if constexpr (kWalk != Walk::segments) {
-      // A step holds 4 units a block (a lane's are all the same unit of their blocks: 32 lanes, 4 units), or
-      // for Q8_0 one unit per two of its 64 blocks (a lane each; a 17-word stride meets no bank conflict).
-      const auto* buf = reinterpret_cast<const std::uint8_t*>(bufs + dbuf * kBuf);
-      const std::int64_t U = K / kUnitVals;
-      constexpr bool kQ8 = kWalk == Walk::q8_pairs;
-      const int units = kQ8 ? count / 2 : count * 4;
-      const int which = lane & 3;
-      for (int u = lane; u < units; u += 32) {
-        const std::int64_t ux = (kQ8 ? first / 2 : first * 4) + u;  // the unit's index in a row of x
-        [[maybe_unused]] quant::PairCodes pc;
-        [[maybe_unused]] quant::Q6RunCodes q6;
-        if constexpr (kWalk == Walk::pairs) quant::decode_kpair<T>(buf + (u >> 2) * kBytes, which, pc);
-        else if constexpr (kQ8) quant::decode_q8_pair(buf + u * 2 * kBytes, pc);
-        else quant::decode_q6_run(buf + (u >> 2) * kBytes, which >> 1, which & 1, q6);
+      unsigned r, t;
+      std::int64_t first;
+      int count;
+      std::uintptr_t start;
+      step_at(dq, r, t, first, count, start);
+      if constexpr (kWalk != Walk::segments) {
+        // A step holds 4 units a block (a lane's are all the same unit of their blocks: 32 lanes, 4 units), or
+        // for Q8_0 one unit per two of its blocks (a lane each; a 17-word stride meets no bank conflict).
+        const auto* buf = reinterpret_cast<const std::uint8_t*>(bufs + dbuf * kBuf);
+        const std::int64_t U = K / kUnitVals;
+        constexpr bool kQ8 = kWalk == Walk::q8_pairs;
+        const int units = kQ8 ? count / 2 : count * 4;
+        const int which = lane & 3;
+        for (int u = lane; u < units; u += 32) {
+          const std::int64_t ux = (kQ8 ? first / 2 : first * 4) + u;  // the unit's index in a row of x
+          [[maybe_unused]] quant::PairCodes pc;
+          [[maybe_unused]] quant::Q6RunCodes q6;
+          if constexpr (kWalk == Walk::pairs) quant::decode_kpair<T>(buf + (u >> 2) * kBytes, which, pc);
+          else if constexpr (kQ8) quant::decode_q8_pair(buf + u * 2 * kBytes, pc);
+          else quant::decode_q6_run(buf + (u >> 2) * kBytes, which >> 1, which & 1, q6);
 #pragma unroll
-        for (int m = 0; m < MM; ++m) {
-          std::uint32_t xw[4][4];
-          load_pieces(reinterpret_cast<const uint4*>(xq + m * K) + ux, U, xw);
-          if constexpr (kWalk == Walk::q6_runs) {
-            const quant::PieceScale* sr = xp + m * 2 * xblocks + ux;
-            const quant::PieceScale sc[4] = {sr[0], sr[U], sr[2 * U], sr[3 * U]};
-            acc[m] += quant::q6_run_dot(q6, xw, sc);
-          } else {
-            const quant::PieceScale* sr = xp + m * xblocks + ux;
-            const quant::PieceScale sc[2] = {sr[0], sr[U]};
-            acc[m] += quant::pair_dot<T>(pc, xw, sc);
+          for (int m = 0; m < MM; ++m) {
+            std::uint32_t xw[4][4];
+            load_pieces(reinterpret_cast<const uint4*>(xq + m * K) + ux, U, xw);
+            if constexpr (kWalk == Walk::q6_runs) {
+              const quant::PieceScale* sr = xp + m * 2 * xblocks + ux;
+              const quant::PieceScale sc[4] = {sr[0], sr[U], sr[2 * U], sr[3 * U]};
+              acc[m] += quant::q6_run_dot(q6, xw, sc);
+            } else {
+              const quant::PieceScale* sr = xp + m * xblocks + ux;
+              const quant::PieceScale sc[2] = {sr[0], sr[U]};
+              acc[m] += quant::pair_dot<T>(pc, xw, sc);
+            }
+          }
+        }
+      } else {
+        const unsigned char* buf = bufs + dbuf * kBuf + (start & 15u);
+        const int nseg = count * kSegs;
+        for (int sg = lane; sg < nseg; sg += 32) {
+          const int j = sg / kSegs, s = sg % kSegs;
+          quant::SegCodes g;
+          quant::decode_segment<T>(buf + j * kBytes, s, g);
+          const std::int64_t xb = (first + j) * kSegs + s;  // the activation block under this segment
+#pragma unroll
+          for (int m = 0; m < MM; ++m) {
+            const uint4* xv = reinterpret_cast<const uint4*>(xq + m * K + xb * quant::kQ8Block);
+            const uint4 lo = xv[0], hi = xv[1];
+            const std::uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            acc[m] += quant::segment_dot<T>(g, xw, xs[m * xblocks + xb]);
           }
         }
       }
-    } else {
-      const unsigned char* buf = bufs + dbuf * kBuf + (start & 15u);
-      const int nseg = count * kSegs;
-      for (int sg = lane; sg < nseg; sg += 32) {
-        const int j = sg / kSegs, s = sg % kSegs;
-        quant::SegCodes g;
-        quant::decode_segment<T>(buf + j * kBytes, s, g);
-        const std::int64_t xb = (first + j) * kSegs + s;  // the activation block under this segment
+
+      if (t + kWarps >= S) {  // this warp's last item of row r: its sum goes to the row's slot t mod 8
 #pragma unroll
         for (int m = 0; m < MM; ++m) {
-          const uint4* xv = reinterpret_cast<const uint4*>(xq + m * K + xb * quant::kQ8Block);
-          const uint4 lo = xv[0], hi = xv[1];
-          const std::uint32_t xw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-          acc[m] += quant::segment_dot<T>(g, xw, xs[m * xblocks + xb]);
+          float v = acc[m];
+#pragma unroll
+          for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+          if (lane == m) red[((r - c0) * P + t % 8) * MM + m] = v;
+          acc[m] = 0.0f;
         }
       }
+      __syncwarp();  // everyone is done with this buffer before the next issue overwrites it
+      dbuf = dbuf + 1 == kStages ? 0 : dbuf + 1;
     }
-
-    if (first + count == nb) {  // last step of this row
-#pragma unroll
-      for (int m = 0; m < MM; ++m) {
-        float v = acc[m];
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (swiglu && dc.half == 0) {
-          gate[m] = v;  // every lane holds the sum: the up row's end needs it
-        } else if (lane == m) {
-          if (swiglu) v = gate[m] / (1.0f + expf(-gate[m])) * v;  // swiglu.cu's silu, accurate expf
-          if (y_f32) static_cast<float*>(y)[m * ldy + dc.out] = v;
-          else static_cast<std::uint16_t*>(y)[m * ldy + dc.out] = f32_to_bf16(v);
-        }
-        acc[m] = 0.0f;
-      }
+    __syncthreads();  // the chunk's slots are written
+    const unsigned outs_c = (c1 - c0) / H;
+    for (unsigned e = threadIdx.x; e < outs_c * MM; e += kThreads) {
+      const unsigned oc = e / MM, m = e % MM;
+      float v[2] = {0.0f, 0.0f};
+      for (unsigned h = 0; h < H; ++h)
+        for (unsigned p = 0; p < P; ++p) v[h] += red[((oc * H + h) * P + p) * MM + m];  // fixed order
+      float out = v[0];
+      if (swiglu) out = v[0] / (1.0f + expf(-v[0])) * v[1];  // swiglu.cu's silu, accurate expf
+      const std::int64_t col = o_begin + (c0 / H) + oc;
+      if (y_f32) static_cast<float*>(y)[m * ldy + col] = out;
+      else static_cast<std::uint16_t*>(y)[m * ldy + col] = f32_to_bf16(out);
     }
-    __syncwarp();  // everyone is done with this buffer before the next issue overwrites it
-    dbuf = dbuf + 1 == kStages ? 0 : dbuf + 1;
-    advance(dc);
+    __syncthreads();  // the slots are read before the next chunk writes them
   }
   cp_async_wait<0>();
 }
@@ -371,6 +402,44 @@ void check(cudaError_t e, DType type, const char* what) {
   if (e != cudaSuccess)
     throw DeviceError(infer::detail::cat("cuda::gguf_gemv(", name(type), "): ", what, " failed: ", cudaGetErrorName(e), ": ",
                                   cudaGetErrorString(e)));
+}
+
+/// INFER_GGUF_GEMV_EARLY=1: the first weight copies before the chained wait (gemv_kernel's `early_copies`), read
+/// once; off by default until measured (the bf16 GEMV's early loads measured slower, chained_launch.cuh).
+bool early_copies() {
+  static const bool value = [] {
+    const char* e = std::getenv("INFER_GGUF_GEMV_EARLY");
+    return e != nullptr && std::string_view(e) == "1";
+  }();
+  return value;
+}
+
+/// Blocks per item for a CTA of `rows` weight rows of `nb` blocks: the step (about 2 KiB), or a half or a quarter
+/// of it where the rows are too few for the warps. The cost of a choice is the items its busiest warp takes times
+/// an item's bytes plus a fixed ~256 bytes' worth (the wait, the barrier, the row's reduction); steps that would
+/// leave lanes idle are not offered. Llama-3-8B's Q4_K layers at M = 1 on 132 SMs: q/o (11 rows a CTA of one step
+/// each) take half steps, 3 a warp instead of 2 rows' worth; gate_up and the LM head keep whole steps.
+/// INFER_GGUF_GEMV_STEP=full keeps whole steps everywhere (for measuring the choice in one build).
+template <DType T, Walk kWalk>
+int pick_step(std::int64_t nb, std::int64_t rows, bool aligned) {
+  static const bool whole_only = [] {
+    const char* e = std::getenv("INFER_GGUF_GEMV_STEP");
+    return e != nullptr && std::string_view(e) == "full";
+  }();
+  constexpr int kStep = step_blocks(T);
+  constexpr auto kBytes = static_cast<std::int64_t>(info(T).block_bytes);
+  int best = kStep;
+  std::int64_t best_cost = -1;
+  for (int d = 1; d <= (whole_only ? 1 : 4); d *= 2) {
+    const int st = kStep / d;
+    if (st < 1 || lane_work(T, kWalk, st) < 32) break;
+    if (aligned && (st * kBytes) % 16 != 0) break;  // every step must start 16-byte aligned
+    const std::int64_t per_row = (nb + st - 1) / st;
+    const std::int64_t per_warp = (rows * per_row + kWarps - 1) / kWarps;
+    const std::int64_t cost = per_warp * ((st < nb ? st : nb) * kBytes + 256);
+    if (best_cost < 0 || cost < best_cost) best = st, best_cost = cost;
+  }
+  return best;
 }
 
 template <DType T, int MM, Walk kWalk>
@@ -388,11 +457,16 @@ void launch_walk(const void* w, const std::uint16_t* x, std::int64_t N, std::int
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   if (per_sm < 1) per_sm = 1;
   const std::int64_t outs = swiglu ? N / 2 : N;
-  const std::int64_t wanted = (outs + kWarps - 1) / kWarps;
   const std::int64_t resident = static_cast<std::int64_t>(sms) * per_sm;
-  const auto grid = static_cast<unsigned>(wanted < resident ? wanted : resident);
-  chained::launch(kernel, grid, kThreads, smem, stream, static_cast<const unsigned char*>(w), x, N, K, y, ldy,
-                  y_f32 ? 1 : 0, aligned ? 1 : 0, swiglu ? 1 : 0);
+  const std::int64_t grid = outs < resident ? outs : resident;  // one range of outputs a CTA, all at once
+  const std::int64_t rows = (outs + grid - 1) / grid * (swiglu ? 2 : 1);  // a CTA's weight rows, at most
+  const std::int64_t nb = K / info(T).block_elems;
+  const int step = pick_step<T, kWalk>(nb, rows, aligned);
+  if (rows * ((nb + step - 1) / step) >= (std::int64_t{1} << 31))
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", name(T), "): N=", N, " K=", K,
+                                             " is more work than a CTA's 32-bit item count holds"));
+  chained::launch(kernel, static_cast<unsigned>(grid), kThreads, smem, stream, static_cast<const unsigned char*>(w),
+                  x, N, K, y, ldy, y_f32 ? 1 : 0, aligned ? 1 : 0, swiglu ? 1 : 0, step, early_copies() ? 1 : 0);
   check(cudaGetLastError(), T, "kernel launch");
 }
 

@@ -32,6 +32,7 @@
 #include "infer/core/half.hpp"
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
+#include "infer/kernels/cuda/ops.hpp"
 #include "infer/quant/dequantize.hpp"
 #include "infer/quant/gguf_dot.hpp"
 
@@ -277,12 +278,18 @@ TEST_CASE("cuda::gguf_gemv matches dequantize + gemm_xwt for every type", "[cuda
       std::int64_t N, K;
     };
     // Odd block counts per row (rows off 16-byte alignment), one and several pipeline steps per row,
-    // N not a multiple of the 8 rows of a CTA, and N large enough that warps loop over rows; K = 14,336
-    // (Llama-3-8B's down projection) at M = 8 is the most shared memory one launch takes.
-    const Shape shapes[] = {{333, be * (be == 32 ? 67 : 9)}, {7, be}, {5000, 4096}, {61, 14336}};
+    // N not a multiple of the 8 warps of a CTA, N large enough that a CTA holds many rows; K = 14,336
+    // (Llama-3-8B's down projection) at M = 8 is the most shared memory one launch takes. N = 60,000 at
+    // K = 256 gives a CTA more rows than its partial sums hold at once (several chunks); K = 28,672 (70B's
+    // down projection) has 8 or more steps a row for Q5_K, Q6_K and Q8_0 (every warp on every row), and at
+    // M = 8 two launches of 4 rows of x, 1,200 rows over one CTA an SM (two chunks).
+    const Shape shapes[] = {{333, be * (be == 32 ? 67 : 9)}, {7, be},        {5000, 4096},  {61, 14336},
+                            {60000, 256},                    {37, 28672},   {1200, 28672}};
     for (const Shape& s : shapes) {
       for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
         if ((s.N == 5000 || s.K == 14336) && M != 1 && M != 3 && M != 8) continue;  // keep the CPU reference quick
+        if (s.N == 60000 && M != 1 && M != 4) continue;
+        if (s.K == 28672 && (s.N == 37 ? (M != 1 && M != 3) : M != 8)) continue;
         ++seed;
         // Odd M: the weights start 2 bytes past a 16-byte boundary (the kernel's unaligned edges).
         const std::size_t w_shift = (M % 2) ? 2 : 0;
@@ -300,8 +307,15 @@ TEST_CASE("cuda::gguf_gemv matches dequantize + gemm_xwt for every type", "[cuda
         kc::gguf_gemv(t, dw.as<std::byte>(w_shift), dx.as<std::uint16_t>(), M, s.N, s.K, dy.as<std::uint16_t>(),
                       stream);
         CUDA_REQUIRE(cudaStreamSynchronize(stream));
-        const auto got = to_f32(download<std::uint16_t>(dy.p, r.y.size()));
-        check_close(got, r.y, r.abs_y, s.K, std::ldexp(1.0, -8), 8.0);
+        const auto got_bits = download<std::uint16_t>(dy.p, r.y.size());
+        check_close(to_f32(got_bits), r.y, r.abs_y, s.K, std::ldexp(1.0, -8), 8.0);
+        // Partial sums are added in a fixed order: a second call gives the same bits (graph replays and
+        // eager runs of a decode step must agree).
+        CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
+        kc::gguf_gemv(t, dw.as<std::byte>(w_shift), dx.as<std::uint16_t>(), M, s.N, s.K, dy.as<std::uint16_t>(),
+                      stream);
+        CUDA_REQUIRE(cudaStreamSynchronize(stream));
+        CHECK(download<std::uint16_t>(dy.p, r.y.size()) == got_bits);
       }
     }
   }
@@ -545,6 +559,24 @@ double median_ms(int calls, cudaStream_t stream, F&& call) {
   return t[t.size() / 2];
 }
 
+/// Like median_ms, with the calls captured once into a CUDA graph and replayed: a decode step's cost of a kernel
+/// (no host launch work between calls, chained launches kept as programmatic edges).
+template <class F>
+double graph_median_ms(int calls, cudaStream_t stream, F&& call) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) call(i);
+  CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
+  CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = median_ms(calls, stream, [&](int i) {
+    if (i == 0) CUDA_REQUIRE(cudaGraphLaunch(exec, stream));
+  });
+  CUDA_REQUIRE(cudaGraphExecDestroy(exec));
+  CUDA_REQUIRE(cudaGraphDestroy(graph));
+  return ms;
+}
+
 }  // namespace
 
 TEST_CASE("cuda::bf16_gemv matches gemm_xwt for M = 1..8, bf16 and f32 outputs", "[cuda][gemm]") {
@@ -664,12 +696,21 @@ TEST_CASE("cuda::gguf_gemv_swiglu matches the integer reference followed by SwiG
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   std::uint32_t seed = test_seed("cuda::gguf_gemv_swiglu");
+  // I = 30,000 at K = 256 and M = 4: a CTA holds ~76 outputs, more than its partial sums hold at once (three
+  // chunks of gate and up rows).
+  struct Shape {
+    std::int64_t I, K;
+    int M;
+  };
+  const Shape shapes[] = {{333, 1024, 1}, {333, 1024, 2}, {333, 1024, 5}, {333, 1024, 8}, {30000, 256, 4}};
   for (DType t : kGemvTypes) {
     for (std::size_t w_shift : {std::size_t{0}, std::size_t{2}}) {
-      for (int M : {1, 2, 5, 8}) {
+      for (const Shape& sh : shapes) {
         ++seed;
-        const std::int64_t I = 333, N = 2 * I, K = 1024;
-        INFO("type " << name(t) << " M=" << M << " weight shift " << w_shift << " seed " << seed);
+        const int M = sh.M;
+        const std::int64_t I = sh.I, N = 2 * I, K = sh.K;
+        INFO("type " << name(t) << " M=" << M << " I=" << I << " K=" << K << " weight shift " << w_shift << " seed "
+                     << seed);
         std::mt19937 rng(seed);
         const auto blocks = test::random_tensor(t, static_cast<std::size_t>(N * K), rng);
         const auto xb = random_bf16(static_cast<std::size_t>(M * K), rng);
@@ -710,6 +751,7 @@ TEST_CASE("cuda::gguf_gemv_swiglu matches the integer reference followed by SwiG
 TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cuda][.bench][gemm_bench]") {
   // Which path wins where: the integer GEMV (M <= 8), the int8 MMA (gguf_mmq, any M <= 64) and dequantize +
   // bf16 GEMM (gguf_gemm), per layer and block type; each with enough copies of the weight to defeat the L2.
+  // The GEMV is timed twice: launched call by call, and replayed from a graph as a decode step runs it.
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
   kc::Gemm gemm;
@@ -732,6 +774,20 @@ TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cud
     std::printf("copy: 1 GiB device to device %.3f ms, %.0f GB/s read + written\n", ms,
                 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
   }
+  {
+    // What a decode step pays for a small kernel between two GEMVs: the residual add + RMSNorm of one row of
+    // 4,096 (chained, as in the step), replayed from a graph of 200. A fusion that removes such a kernel
+    // saves about this much.
+    test::DeviceMem res(4096 * 4), delta(4096 * 2), wn(4096 * 4), out(4096 * 2);
+    CUDA_REQUIRE(cudaMemset(res.p, 0, 4096 * 4));
+    CUDA_REQUIRE(cudaMemset(delta.p, 0, 4096 * 2));
+    CUDA_REQUIRE(cudaMemset(wn.p, 0, 4096 * 4));
+    const double ms = graph_median_ms(200, stream, [&](int) {
+      kc::add_bf16_rmsnorm(res.as<float>(), delta.as<std::uint16_t>(), wn.as<float>(), 1, 4096, 1e-5f,
+                           out.as<std::uint16_t>(), stream);
+    });
+    std::printf("add_bf16_rmsnorm, 1 x 4096, in a graph: %.2f us a kernel\n", ms * 1e3);
+  }
   for (DType t : {DType::q4_k, DType::q6_k, DType::q8_0, DType::q4_0}) {
     for (const Layer& l : layers) {
       const std::size_t bytes = *row_bytes(t, static_cast<std::uint64_t>(l.N * l.K));
@@ -753,7 +809,11 @@ TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cud
           const double gemv = median_ms(copies, stream, [&](int i) {
             kc::gguf_gemv(t, wi(i), x.as<std::uint16_t>(), M, l.N, l.K, y.as<std::uint16_t>(), stream);
           });
-          std::printf(" | gemv %8.2f us %6.0f GB/s", gemv * 1e3, gbs(gemv));
+          const double graphed = graph_median_ms(copies, stream, [&](int i) {
+            kc::gguf_gemv(t, wi(i), x.as<std::uint16_t>(), M, l.N, l.K, y.as<std::uint16_t>(), stream);
+          });
+          std::printf(" | gemv %8.2f us %6.0f GB/s | in a graph %8.2f us %6.0f GB/s", gemv * 1e3, gbs(gemv),
+                      graphed * 1e3, gbs(graphed));
         } else {
           const double deq = median_ms(copies, stream, [&](int i) {
             kc::gguf_gemm(gemm, t, wi(i), x.as<std::uint16_t>(), M, l.N, l.K, scratch.as<std::uint16_t>(),
