@@ -178,14 +178,21 @@ class LlamaCudaWeights {
     } else if constexpr (kStacks) {
       std::vector<WeightTensor> tensors;
       for (const auto& r : parts) tensors.push_back(r.checked_weight());
-      bool stack = true;
-      if constexpr (kMayRefuseStack) stack = Q::stacks(std::span<const WeightTensor>(tensors));
-      if (stack) {
-        p.parts.push_back(Q::template load_stacked<cuda>(std::span<const WeightTensor>(tensors), store));
-      } else {
-        for (const auto& t : tensors) p.parts.push_back(Q::template load<cuda>(t, store));
-        split_out_ = std::max(split_out_, p.out);
+      // Runs of neighbouring parts that stack load as one weight each (all of them, usually; Q4_K_M files
+      // keep q and k in Q4_K and v in Q6_K in half the layers: [q; k] and v, two GEMVs a step, not three).
+      const std::span<const WeightTensor> all(tensors);
+      auto stacks = [&](std::size_t from, std::size_t to) {
+        if constexpr (kMayRefuseStack) return Q::stacks(all.subspan(from, to - from));
+        else return true;
+      };
+      for (std::size_t i = 0; i < tensors.size();) {
+        std::size_t j = i + 1;
+        while (j < tensors.size() && stacks(i, j + 1)) ++j;
+        if (j - i > 1 || tensors.size() == 1) p.parts.push_back(Q::template load_stacked<cuda>(all.subspan(i, j - i), store));
+        else p.parts.push_back(Q::template load<cuda>(tensors[i], store));
+        i = j;
       }
+      if (p.parts.size() > 1) split_out_ = std::max(split_out_, p.out);
     } else {
       for (const auto& r : parts) p.parts.push_back(infer::load_linear<Q, cuda>(r, store));
       split_out_ = std::max(split_out_, p.out);
