@@ -16,7 +16,7 @@ namespace {
 template <class Q>
 EngineBuildReport write_weights(const ModelSource& src, EngineFileInfo info, const std::filesystem::path& out) {
   info.quantizer_layout = std::string(Q::name);
-  return detail::write_engine_file(src, std::move(info), out, [&](EngineFileWriter& writer) {
+  return detail::write_engine_file(src, std::move(info), out, [&](EngineFileWriter& writer, EngineFileInfo&) {
     auto weights = std::make_unique<const LlamaWeights<Q, cpu>>(load_llama_weights<Q, cpu>(src));
     save_llama_weights(*weights, writer);
     return weights;

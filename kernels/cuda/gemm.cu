@@ -7,12 +7,16 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <span>
+#include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "infer/core/error.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
@@ -360,6 +364,121 @@ void Gemm::run(const std::uint16_t* x, const std::uint16_t* w, float* y, std::in
 void Gemm::run_e4m3(const std::uint8_t* x_q, const float* x_scale, const std::uint8_t* w_q, const float* w_scale,
                     std::uint16_t* y, std::int64_t M, std::int64_t N, std::int64_t K, void* stream) {
   impl_->run_e4m3(x_q, x_scale, w_q, w_scale, y, M, N, K, stream);
+}
+
+namespace {
+
+constexpr const char* kVersionKey = "cublaslt";
+
+std::string key_text(const Key& k) {
+  return detail::cat("bf16 m", k.m, " n", k.n, " k", k.k, k.out == OutType::bf16 ? " bf16" : " f32", " a", k.align_x, "/",
+                     k.align_w, "/", k.align_y, " ldy", k.ldy);
+}
+
+std::string hex_of(const cublasLtMatmulAlgo_t& a) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  const auto* b = reinterpret_cast<const unsigned char*>(&a);
+  std::string s;
+  for (std::size_t i = 0; i < sizeof a; ++i) {
+    s += kDigits[b[i] >> 4];
+    s += kDigits[b[i] & 15];
+  }
+  return s;
+}
+
+/// Parses what key_text / hex_of wrote; FormatError naming the entry otherwise.
+std::pair<Key, cublasLtMatmulAlgo_t> parse_pick(const std::string& key, const std::string& value) {
+  const auto bad = [&](const char* what) {
+    return FormatError(detail::cat("cuda::Gemm: GEMM algorithm entry '", key, "' = '", value.substr(0, 24),
+                                   value.size() > 24 ? "...'" : "'", ": ", what));
+  };
+  Key k{};
+  long long m = 0, n = 0, kk = 0, ldy = 0;
+  unsigned ax = 0, aw = 0, ay = 0;
+  char out[8] = {};
+  int used = 0;
+  if (std::sscanf(key.c_str(), "bf16 m%lld n%lld k%lld %7s a%u/%u/%u ldy%lld%n", &m, &n, &kk, out, &ax, &aw, &ay, &ldy,
+                  &used) != 8 ||
+      used != static_cast<int>(key.size()))
+    throw bad("the key is not 'bf16 m<M> n<N> k<K> <bf16|f32> a<x>/<w>/<y> ldy<ldy>'");
+  if (std::string_view(out) != "bf16" && std::string_view(out) != "f32") throw bad("the output type is not bf16 or f32");
+  if (m < 1 || n < 1 || kk < 1 || ldy < 0) throw bad("a size is out of range");
+  k.m = m;
+  k.n = n;
+  k.k = kk;
+  k.out = std::string_view(out) == "bf16" ? OutType::bf16 : OutType::f32;
+  k.align_x = ax;
+  k.align_w = aw;
+  k.align_y = ay;
+  k.ldy = ldy;
+  cublasLtMatmulAlgo_t a{};
+  if (value.size() != 2 * sizeof a) throw bad(detail::cat("the value is not ", 2 * sizeof a, " hex digits").c_str());
+  auto* b = reinterpret_cast<unsigned char*>(&a);
+  for (std::size_t i = 0; i < sizeof a; ++i) {
+    int byte = 0;
+    for (int h = 0; h < 2; ++h) {
+      const char c = value[2 * i + static_cast<std::size_t>(h)];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) throw bad("the value is not hex digits");
+      byte = byte * 16 + d;
+    }
+    b[i] = static_cast<unsigned char>(byte);
+  }
+  return {k, a};
+}
+
+}  // namespace
+
+std::map<std::string, std::string> Gemm::measured_algorithms() const {
+  std::map<std::string, std::string> picks;
+  if (!impl_ || impl_->measured.empty()) return picks;
+  picks[kVersionKey] = std::to_string(cublasLtGetVersion());
+  for (const auto& [key, algo] : impl_->measured)
+    if (key.in == InType::bf16) picks[key_text(key)] = hex_of(algo);
+  return picks;
+}
+
+std::size_t Gemm::adopt_measured_algorithms(const std::map<std::string, std::string>& picks) {
+  if (picks.empty()) return 0;
+  const auto version = picks.find(kVersionKey);
+  if (version == picks.end())
+    throw FormatError("cuda::Gemm: GEMM algorithm picks without the 'cublaslt' version that made them");
+  if (version->second != std::to_string(cublasLtGetVersion())) return 0;  // another version's bytes: time anew
+  std::vector<std::pair<Key, cublasLtMatmulAlgo_t>> parsed;  // all entries checked before any is taken
+  for (const auto& [key, value] : picks)
+    if (key != kVersionKey) parsed.push_back(parse_pick(key, value));
+  std::size_t taken = 0;
+  for (const auto& [key, algo] : parsed) taken += impl_->measured.emplace(key, algo).second ? 1 : 0;
+  return taken;
+}
+
+void Gemm::tune(std::span<const std::pair<std::int64_t, std::int64_t>> shapes, void* stream) {
+  if (impl_->tuning != GemmTuning::measured || shapes.empty()) return;
+  std::int64_t max_n = 0, max_k = 0, max_nk = 0;
+  for (const auto& [n, k] : shapes) {
+    if (n < 1 || k < 1) throw InvalidArgument(detail::cat("cuda::Gemm::tune: bad weight shape N=", n, " K=", k));
+    max_n = std::max(max_n, n);
+    max_k = std::max(max_k, k);
+    max_nk = std::max(max_nk, n * k);
+  }
+  struct Buffer {  // cudaMalloc'd: 256-byte aligned, as the model's buffers and weight arena are
+    void* p = nullptr;
+    explicit Buffer(std::size_t bytes) { check_cuda(cudaMalloc(&p, bytes), "cudaMalloc (Gemm::tune)"); }
+    ~Buffer() { cudaFree(p); }
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+  };
+  const auto rows = kTunedMaxRows;
+  Buffer w(static_cast<std::size_t>(max_nk) * 2), x(static_cast<std::size_t>(rows * max_k) * 2),
+      y(static_cast<std::size_t>(rows * max_n) * 2);
+  auto* s = static_cast<cudaStream_t>(stream);
+  // Small finite values (bf16 0x3c3c ≈ 0.0115): the timing does not depend on them.
+  check_cuda(cudaMemsetAsync(w.p, 0x3c, static_cast<std::size_t>(max_nk) * 2, s), "cudaMemsetAsync (Gemm::tune)");
+  check_cuda(cudaMemsetAsync(x.p, 0x3c, static_cast<std::size_t>(rows * max_k) * 2, s), "cudaMemsetAsync (Gemm::tune)");
+  for (const auto& [n, k] : shapes)
+    for (std::int64_t m = kTunedMinRows; m <= kTunedMaxRows; m *= 2)
+      impl_->run(x.p, w.p, y.p, OutType::bf16, m, n, k, 0.0f, stream);
+  check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (Gemm::tune)");
 }
 
 std::size_t Gemm::cached_plans() const noexcept { return impl_ ? impl_->plans.size() : 0; }

@@ -228,6 +228,61 @@ TEST_CASE("cuda::Gemm GemmTuning::measured: one timed pick per M bucket, every p
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("cuda::Gemm picks tuned ahead travel as text: another Gemm takes them and computes the same bits",
+          "[cuda][gemm]") {
+  // What infer-build does (tune, write measured_algorithms into the engine file) and what loading the file
+  // does (adopt_measured_algorithms): the adopting Gemm times nothing and multiplies with the same algorithms.
+  using Catch::Contains;
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  kc::Gemm built;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{4096, 2048}, {1024, 512}};
+  built.tune(shapes, stream);
+  // 4096 x 2048 is timed at M = 256..1024 (kTunedMinFlops), 1024 x 512 at none.
+  CHECK(built.tuned_buckets() == 3);
+  const auto picks = built.measured_algorithms();
+  REQUIRE(picks.size() == 4);  // the three buckets and the cuBLASLt version
+  CHECK(picks.count("cublaslt") == 1);
+  CHECK(picks.count("bf16 m512 n4096 k2048 bf16 a256/256/256 ldy0") == 1);
+
+  kc::Gemm loaded;
+  CHECK(loaded.adopt_measured_algorithms(picks) == 3);
+  CHECK(loaded.tuned_buckets() == 3);
+  std::mt19937 rng(test_seed("cuda::Gemm adopted picks"));
+  for (const std::int64_t M : {300, 512, 1000}) {
+    INFO("M=" << M);
+    const std::int64_t N = 4096, K = 2048;
+    const auto xb = random_bf16(static_cast<std::size_t>(M * K), rng);
+    const auto wb = random_bf16(static_cast<std::size_t>(N * K), rng);
+    test::DeviceMem dx(xb.size() * 2), dw(wb.size() * 2), y1(static_cast<std::size_t>(M * N) * 2),
+        y2(static_cast<std::size_t>(M * N) * 2);
+    upload(dx.p, xb);
+    upload(dw.p, wb);
+    built.run(dx.as<std::uint16_t>(), dw.as<std::uint16_t>(), y1.as<std::uint16_t>(), M, N, K, stream);
+    loaded.run(dx.as<std::uint16_t>(), dw.as<std::uint16_t>(), y2.as<std::uint16_t>(), M, N, K, stream);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    CHECK(download<std::uint16_t>(y1.p, static_cast<std::size_t>(M * N)) ==
+          download<std::uint16_t>(y2.p, static_cast<std::size_t>(M * N)));
+  }
+  CHECK(loaded.tuned_buckets() == 3);  // nothing timed: every bucket came with the picks
+
+  kc::Gemm other;
+  auto from_other_version = picks;
+  from_other_version["cublaslt"] = "1";
+  CHECK(other.adopt_measured_algorithms(from_other_version) == 0);
+  auto bad_key = picks;
+  bad_key["bf16 m64 n4096"] = picks.begin()->second;
+  CHECK_THROWS_WITH(other.adopt_measured_algorithms(bad_key), Contains("'bf16 m64 n4096'"));
+  auto bad_value = picks;
+  bad_value["bf16 m512 n4096 k2048 bf16 a256/256/256 ldy0"] = "zz";
+  CHECK_THROWS_WITH(other.adopt_measured_algorithms(bad_value), Contains("hex digits"));
+  auto no_version = picks;
+  no_version.erase("cublaslt");
+  CHECK_THROWS_AS(other.adopt_measured_algorithms(no_version), FormatError);
+  CHECK(other.tuned_buckets() == 0);  // a refused set takes nothing
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("cuda::Gemm bf16 -> f32 with beta accumulates in place", "[cuda][gemm]") {
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));

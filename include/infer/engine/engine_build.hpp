@@ -38,9 +38,9 @@ EngineBuildReport build_engine_file(const ModelSpec& spec, const LlmOptions& opt
 
 namespace detail {
 
-/// The file's writing, shared by the backends: `fill(writer)` loads the weights, adds their parts and returns
-/// what owns the arrays those parts borrow (kept until the file is written); its time is the report's
-/// load_seconds.
+/// The file's writing, shared by the backends: `fill(writer, info)` loads the weights, adds their parts, may
+/// complete `info` (the cuda backend's GEMM picks) and returns what owns the arrays those parts borrow (kept
+/// until the file is written); its time is the report's load_seconds.
 template <class Fill>
 EngineBuildReport write_engine_file(const ModelSource& src, EngineFileInfo info, const std::filesystem::path& out,
                                     Fill&& fill) {
@@ -48,7 +48,7 @@ EngineBuildReport write_engine_file(const ModelSource& src, EngineFileInfo info,
   EngineBuildReport report;
   const auto t0 = Clock::now();
   EngineFileWriter writer;
-  const auto owner = fill(writer);
+  const auto owner = fill(writer, info);
   const auto t1 = Clock::now();
   std::optional<TokenizerSpec> tokenizer;
   if (src.tokenizer()) tokenizer = src.tokenizer()->spec();

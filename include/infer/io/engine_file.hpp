@@ -71,8 +71,9 @@ struct EngineFileInfo {
   ModelConfig config;
   std::string model;             ///< the model it was built from (ModelSource::describe)
   std::string model_name;        ///< the name clients see (ModelSpec::name of the source)
-  /// GEMM algorithm picks measured at build, by problem ("m,n,k" → the backend's algorithm id). Empty on
-  /// the CPU, whose GEMM has no algorithms to pick.
+  /// GEMM algorithm picks measured at build (cuda: kernels::cuda::Gemm::measured_algorithms, bucket key →
+  /// cuBLASLt algorithm bytes, with the cuBLASLt version), which the loaded model's GEMMs take instead of
+  /// timing candidates on its first steps. Empty on the CPU, whose GEMM has no algorithms to pick.
   std::map<std::string, std::string> gemm_algorithms;
   std::map<std::string, std::int64_t> scalars;  ///< `<role>.<member>` scalars of the weights' layout
   /// The FP8 KV-cache scales the model shipped, {K, V} per layer (ModelSource::kv_cache_scales); empty when it

@@ -39,6 +39,7 @@
 #include "infer/core/backend.hpp"
 #include "infer/core/error.hpp"
 #include "infer/engine/engine_options.hpp"
+#include "infer/io/engine_file.hpp"
 #include "infer/sched/step_plan.hpp"
 #include "infer/kernels/cuda/gemm.hpp"
 #include "infer/kernels/cuda/ops.hpp"
@@ -206,6 +207,8 @@ class LlamaModel<cuda, Q, Attn> {
     inv_freq_.upload(std::span<const float>(inv));
     times_.weight_bytes = weights_.bytes();
     times_.weights_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start_).count();
+    // An engine file's GEMM picks, timed at build: its buckets are not timed again on the first steps.
+    if (const EngineFile* file = src.engine_file()) gemm_.adopt_measured_algorithms(file->info().gemm_algorithms);
   }
 
   /// The weights, once the config's head_dim is one the attention kernels are built for: refused before

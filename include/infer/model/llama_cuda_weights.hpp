@@ -119,6 +119,22 @@ class LlamaCudaWeights {
     return bytes;
   }
   [[nodiscard]] std::size_t bytes() const noexcept { return arena_.used(); }
+  /// The layers' distinct weight shapes (N, K), each linear's and each stacked part's: what a prefill's GEMMs
+  /// multiply, for tuning them ahead (kernels::cuda::Gemm::tune, at engine build).
+  [[nodiscard]] std::vector<std::pair<std::int64_t, std::int64_t>> gemm_shapes() const {
+    std::vector<std::pair<std::int64_t, std::int64_t>> shapes;
+    const auto add = [&](const linear& w) {
+      const std::pair<std::int64_t, std::int64_t> s{w.out(), w.in()};
+      if (std::find(shapes.begin(), shapes.end(), s) == shapes.end()) shapes.push_back(s);
+    };
+    for (const Layer& L : layers_) {
+      for (const linear& w : L.qkv.parts) add(w);
+      for (const linear& w : L.gate_up.parts) add(w);
+      add(L.o);
+      add(L.down);
+    }
+    return shapes;
+  }
 
   /// Writes the weights into `out` as an engine file's parts: the arena, copied into `host` (which must
   /// outlive out.write()), as the part "arena", and every pointer into it and every size as scalars.

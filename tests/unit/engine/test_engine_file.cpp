@@ -97,7 +97,7 @@ TEST_CASE("an engine file gives the tokens of the model it was built from, for e
     }
 }
 
-TEST_CASE("an engine file carries the tokenizer and chat template, and every part aligned to a page", "[engine][engine_file]") {
+TEST_CASE("an engine file carries the tokenizer, chat template and GEMM picks, and every part aligned to a page", "[engine][engine_file]") {
   const Tokenizer tok = Tokenizer::from_hf_json(infer::test::fixture("smollm2/tokenizer.json"));
   const auto path = temp_path("tokenizer.engine");
   EngineFileInfo info;
@@ -108,6 +108,7 @@ TEST_CASE("an engine file carries the tokenizer and chat template, and every par
   info.quantizer = "auto";
   info.quantizer_layout = "f32";
   info.config = ModelSource::open(infer::test::fixture("tiny_llama")).config();
+  info.gemm_algorithms = {{"cublaslt", "130100"}, {"bf16 m256 n4096 k4096 bf16 a256/256/256 ldy0", std::string(128, 'a')}};
   const std::vector<float> a(1000, 1.5f), b(3, -2.0f);
   EngineFileWriter w;
   w.add_part("a.values", "f32", std::as_bytes(std::span<const float>(a)));
@@ -124,6 +125,7 @@ TEST_CASE("an engine file carries the tokenizer and chat template, and every par
   CHECK(back.chat_template_source() == tok.chat_template_source());
   CHECK(back.eos_id() == tok.eos_id());
   CHECK(f.info().config == info.config);
+  CHECK(f.info().gemm_algorithms == info.gemm_algorithms);
   CHECK(f.scalar("a.count") == 1000);
   for (const auto& p : f.parts()) CHECK(p.offset % 4096 == 0);
   const auto bytes = f.part("b.values", "f32");

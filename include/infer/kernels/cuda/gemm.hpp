@@ -18,7 +18,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <span>
+#include <string>
+#include <utility>
 
 #include "infer/core/dtype.hpp"
 #include "infer/kernels/cuda/ops.hpp"
@@ -96,6 +100,21 @@ class Gemm {
   /// the code arrays 16-byte aligned (InvalidArgument otherwise); always cuBLASLt's heuristic pick (not timed).
   void run_e4m3(const std::uint8_t* x_q, const float* x_scale, const std::uint8_t* w_q, const float* w_scale,
                 std::uint16_t* y, std::int64_t M, std::int64_t N, std::int64_t K, void* stream);
+
+  /// The buckets' timed picks (GemmTuning::measured) as text an engine file keeps: per bucket, the key
+  /// "bf16 m<bucket> n<N> k<K> <bf16|f32> a<x>/<w>/<y> ldy<ldy>" (operand alignments in bytes, ldy 0 for
+  /// dense rows) and the algorithm's bytes in hex; and "cublaslt", the cuBLASLt version that chose them
+  /// (an algorithm's bytes mean something only to the version that made them).
+  [[nodiscard]] std::map<std::string, std::string> measured_algorithms() const;
+  /// Takes picks measured_algorithms() wrote, as this Gemm's own: a bucket they hold is never timed here, and
+  /// each shape of it runs their pick where cuBLASLt accepts it for that shape (cublasLtMatmulAlgoCheck),
+  /// else the heuristic's. Picks from another cuBLASLt version are ignored (returns 0); buckets already timed
+  /// here keep their pick. FormatError naming an entry that does not parse. Returns the buckets taken.
+  std::size_t adopt_measured_algorithms(const std::map<std::string, std::string>& picks);
+  /// Times the picks for weights of these (N, K) at every power-of-two M that GemmTuning::measured times
+  /// (bf16 in and out, dense rows, 256-byte aligned operands: the keys a model's GEMMs have), on buffers of
+  /// its own; what infer-build runs before it writes the picks into an engine file. No-op for heuristic.
+  void tune(std::span<const std::pair<std::int64_t, std::int64_t>> shapes, void* stream);
 
   /// Number of cached plans (one per distinct problem seen).
   [[nodiscard]] std::size_t cached_plans() const noexcept;
