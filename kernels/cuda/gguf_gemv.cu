@@ -39,6 +39,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -115,17 +116,6 @@ constexpr std::int64_t red_bytes(int M) { return M <= 4 ? 1024 : 2048; }
 constexpr std::int64_t smem_bytes(DType t, int M, std::int64_t K) {
   return x_smem_bytes(t, M, K) + red_bytes(M) + kWarps * kStages * buf_bytes(t);
 }
-/// 64-value units (unit walks) or 32-value segments (segment walk) in `blocks` blocks: what a warp's 32 lanes
-/// share in one step. A step of fewer than 32 leaves lanes idle.
-constexpr std::int64_t lane_work(DType t, Walk walk, std::int64_t blocks) {
-  switch (walk) {
-    case Walk::q8_pairs: return blocks / 2;
-    case Walk::pairs:
-    case Walk::q6_runs: return blocks * 4;
-    default: return blocks * (info(t).block_elems / quant::kQ8Block);
-  }
-}
-
 /// x for the unit walks, M rows of K values: the codes in pieces (quant/gguf_units.hpp: piece r of unit u of row
 /// m at m·K + (r·U + u)·16, U = K / 64), then the pieces' scales: pairs (kQ6 false) one per 32-value sub-block,
 /// sub-block h of unit u at [m·K/32 + h·U + u] with the block's code sum; Q6_K runs one per piece, piece q of
@@ -188,7 +178,7 @@ constexpr int kMinBlocks(int rows) { return rows <= 4 ? 3 : 2; }
 /// and its steps are 16-byte aligned, so a step's copy needs no edge checks (always so in the unit walks).
 /// `swiglu`: W is a stacked [gate; up] of N rows and y gets N / 2 columns, silu(x·gate_i) · (x·up_i), written
 /// by the CTA that computed both (the decode step's SwiGLU kernel, and the round trip of gate and up through
-/// memory, disappear). `step`: blocks per item, at most step_blocks(T) (launch's pick_step says why it varies).
+/// memory, disappear). `early_copies`: see early_copies().
 ///
 /// Work: CTA c owns the outputs [c·outs/grid, (c+1)·outs/grid), a balanced contiguous range (grid = the CTAs
 /// the GPU holds at once, so there is one range per CTA and no second wave). Its items are the steps of those
@@ -201,13 +191,13 @@ template <DType T, int MM, Walk kWalk>
 __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const unsigned char* __restrict__ w,
                                                         const std::uint16_t* __restrict__ x, std::int64_t N,
                                                         std::int64_t K, void* __restrict__ y, std::int64_t ldy,
-                                                        int y_f32, int aligned, int swiglu, int step,
-                                                        int early_copies) {
+                                                        int y_f32, int aligned, int swiglu, int early_copies) {
   static_assert(kWalk == Walk::segments || kWalk == aligned_walk(T), "a unit walk of another type");
   if (!early_copies) chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   constexpr int kBytes = static_cast<int>(info(T).block_bytes);
   constexpr int kElems = static_cast<int>(info(T).block_elems);
   constexpr int kSegs = quant::DotFormat<T>::segs;
+  constexpr int kStep = step_blocks(T);
   constexpr int kBuf = static_cast<int>(buf_bytes(T));
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -221,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const un
 
   const std::int64_t nb = K / kElems;
   const std::int64_t row_bytes = nb * kBytes;
-  const auto S = static_cast<unsigned>((nb + step - 1) / step);  // items a row
+  const auto S = static_cast<unsigned>((nb + kStep - 1) / kStep);  // items (pipeline steps) a row
   const unsigned H = swiglu ? 2u : 1u;                          // rows an output: gate and up, or one
   const std::int64_t outs = swiglu ? N / 2 : N;                 // output columns
   const std::int64_t o_begin = static_cast<std::int64_t>(blockIdx.x) * outs / gridDim.x;
@@ -241,9 +231,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const un
     t = q - r * S;
     const std::int64_t o = o_begin + r / H;
     const std::int64_t row = (r % H) ? outs + o : o;
-    first = static_cast<std::int64_t>(t) * step;
+    first = static_cast<std::int64_t>(t) * kStep;
     const std::int64_t left = nb - first;
-    count = left < step ? static_cast<int>(left) : step;
+    count = left < kStep ? static_cast<int>(left) : kStep;
     start = wbeg + static_cast<std::uintptr_t>(row * row_bytes + first * kBytes);
   };
   unsigned iq = static_cast<unsigned>(warp);
@@ -404,42 +394,17 @@ void check(cudaError_t e, DType type, const char* what) {
                                   cudaGetErrorString(e)));
 }
 
-/// INFER_GGUF_GEMV_EARLY=1: the first weight copies before the chained wait (gemv_kernel's `early_copies`), read
-/// once; off by default until measured (the bf16 GEMV's early loads measured slower, chained_launch.cuh).
+/// The first weight copies before the chained wait (gemv_kernel's `early_copies`): on unless
+/// INFER_GGUF_GEMV_EARLY=0 (read once; a switch for A/B runs in one build). Measured on the H200 at e9c5428
+/// (bench/results/gpu-2026-12-06g), batch-1 decode: +5.9% on the 8B Q4_K_M file, +5.3% on Q8_0, +6% on SmolLM2
+/// Q4_1. (The bf16 GEMV's early loads had measured slower, chained_launch.cuh: it reads no x-independent
+/// prologue this long, and its CTAs do not fill the GPU once.)
 bool early_copies() {
   static const bool value = [] {
     const char* e = std::getenv("INFER_GGUF_GEMV_EARLY");
-    return e != nullptr && std::string_view(e) == "1";
+    return e == nullptr || std::string_view(e) != "0";
   }();
   return value;
-}
-
-/// Blocks per item for a CTA of `rows` weight rows of `nb` blocks: the step (about 2 KiB), or a half or a quarter
-/// of it where the rows are too few for the warps. The cost of a choice is the items its busiest warp takes times
-/// an item's bytes plus a fixed ~256 bytes' worth (the wait, the barrier, the row's reduction); steps that would
-/// leave lanes idle are not offered. Llama-3-8B's Q4_K layers at M = 1 on 132 SMs: q/o (11 rows a CTA of one step
-/// each) take half steps, 3 a warp instead of 2 rows' worth; gate_up and the LM head keep whole steps.
-/// INFER_GGUF_GEMV_STEP=full keeps whole steps everywhere (for measuring the choice in one build).
-template <DType T, Walk kWalk>
-int pick_step(std::int64_t nb, std::int64_t rows, bool aligned) {
-  static const bool whole_only = [] {
-    const char* e = std::getenv("INFER_GGUF_GEMV_STEP");
-    return e != nullptr && std::string_view(e) == "full";
-  }();
-  constexpr int kStep = step_blocks(T);
-  constexpr auto kBytes = static_cast<std::int64_t>(info(T).block_bytes);
-  int best = kStep;
-  std::int64_t best_cost = -1;
-  for (int d = 1; d <= (whole_only ? 1 : 4); d *= 2) {
-    const int st = kStep / d;
-    if (st < 1 || lane_work(T, kWalk, st) < 32) break;
-    if (aligned && (st * kBytes) % 16 != 0) break;  // every step must start 16-byte aligned
-    const std::int64_t per_row = (nb + st - 1) / st;
-    const std::int64_t per_warp = (rows * per_row + kWarps - 1) / kWarps;
-    const std::int64_t cost = per_warp * ((st < nb ? st : nb) * kBytes + 256);
-    if (best_cost < 0 || cost < best_cost) best = st, best_cost = cost;
-  }
-  return best;
 }
 
 template <DType T, int MM, Walk kWalk>
@@ -458,15 +423,18 @@ void launch_walk(const void* w, const std::uint16_t* x, std::int64_t N, std::int
   if (per_sm < 1) per_sm = 1;
   const std::int64_t outs = swiglu ? N / 2 : N;
   const std::int64_t resident = static_cast<std::int64_t>(sms) * per_sm;
-  const std::int64_t grid = outs < resident ? outs : resident;  // one range of outputs a CTA, all at once
-  const std::int64_t rows = (outs + grid - 1) / grid * (swiglu ? 2 : 1);  // a CTA's weight rows, at most
+  // One range of outputs a CTA, all CTAs at once; no more CTAs than give each warp an item (SmolLM2's 576-row
+  // layers of one step a row: 72 CTAs of 8 rows, not 396 of one or two).
   const std::int64_t nb = K / info(T).block_elems;
-  const int step = pick_step<T, kWalk>(nb, rows, aligned);
-  if (rows * ((nb + step - 1) / step) >= (std::int64_t{1} << 31))
+  const std::int64_t per_row = (nb + step_blocks(T) - 1) / step_blocks(T) * (swiglu ? 2 : 1);  // items an output
+  const std::int64_t wanted = (outs * per_row + kWarps - 1) / kWarps;
+  const std::int64_t grid = std::min(std::min(wanted, resident), outs);
+  const std::int64_t rows = (outs + grid - 1) / grid * (swiglu ? 2 : 1);  // a CTA's weight rows, at most
+  if (rows * ((nb + step_blocks(T) - 1) / step_blocks(T)) >= (std::int64_t{1} << 31))
     throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", name(T), "): N=", N, " K=", K,
                                              " is more work than a CTA's 32-bit item count holds"));
   chained::launch(kernel, static_cast<unsigned>(grid), kThreads, smem, stream, static_cast<const unsigned char*>(w),
-                  x, N, K, y, ldy, y_f32 ? 1 : 0, aligned ? 1 : 0, swiglu ? 1 : 0, step, early_copies() ? 1 : 0);
+                  x, N, K, y, ldy, y_f32 ? 1 : 0, aligned ? 1 : 0, swiglu ? 1 : 0, early_copies() ? 1 : 0);
   check(cudaGetLastError(), T, "kernel launch");
 }
 
