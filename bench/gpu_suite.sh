@@ -236,6 +236,17 @@ case "${1:-}" in
       done
     done
     ;;
+  early-ab)  # batch-1 decode (static engine, as issue 16 measures it) with the tensor-core GEMVs' first weight
+    # copies after and before the chained wait (INFER_TC_GEMV_EARLY), alternating, bf16 and FP8
+    for spec in "bf16 1" "fp8 1" "bf16 2" "fp8 2"; do
+      set -- $spec
+      for k in 0 1; do
+        INFER_TC_GEMV_EARLY=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 --engine static \
+          --max-batch 1 --max-input 512 --max-output 128 --batch-size 1 --input-len 512 --output-len 128 \
+          --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-early$k-r$2.json"
+      done
+    done
+    ;;
   baseline-ab)  # batch-1 decode with this build and an earlier one, alternating (the earlier one's FP8 GEMV on
     # the CUDA cores, today's default; builds before 1a91f03 defaulted to the tensor cores)
     base=${BASELINE:-/root/stage/baseline}
@@ -510,7 +521,7 @@ print('file tensor bytes', sys.argv[1], sum(int(t.n_bytes) for t in r.tensors))"
     run python3 tests/programs/check_serve_connections.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
     ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|unpack|test [PART]|reference [T..]|seeds N...|bench|engines|serve|router|connections|peer-serve" >&2
+    echo "usage: bench/gpu_suite.sh build|unpack|test [PART]|reference [T..]|seeds N...|bench|engines|early-ab|serve|router|connections|peer-serve" >&2
     exit 2
     ;;
 esac

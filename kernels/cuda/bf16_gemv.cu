@@ -131,7 +131,8 @@ constexpr std::size_t bf16_tc_smem_bytes(int M) {
 template <class Out>
 __global__ void __launch_bounds__(tc_ring::kWarps * 32) bf16_gemv_tc_kernel(const std::uint16_t* __restrict__ w,
                                                                             const std::uint16_t* __restrict__ x, int M,
-                                                                            std::int64_t N, std::int64_t K, Out* __restrict__ y) {
+                                                                            std::int64_t N, std::int64_t K, Out* __restrict__ y,
+                                                                            int early) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int slot_bytes = bf16_slot_bytes(M);
   float* part = reinterpret_cast<float*>(smem + tc_ring::kWarps * tc_ring::kStages * slot_bytes);
@@ -142,7 +143,7 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) bf16_gemv_tc_kernel(cons
   unsigned char* ring = smem + warp * tc_ring::kStages * slot_bytes;
   const tc_ring::WeightPieces pieces(reinterpret_cast<const std::uint8_t*>(w), row0, N, K * 2, lane);
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  tc_ring::stream(ring, slot_bytes, pieces, reinterpret_cast<const std::uint8_t*>(x), K * 2, M, chunks, sl, lane,
+  tc_ring::stream(ring, slot_bytes, pieces, reinterpret_cast<const std::uint8_t*>(x), K * 2, M, chunks, sl, lane, early != 0,
                   [&](const uint4& va, const uint4& vb, const uint4& vx) {
                     const std::uint32_t a0[4] = {va.x, vb.x, va.y, vb.y}, a1[4] = {va.z, vb.z, va.w, vb.w};
                     detail::mma_m16n8k16_bf16(c, a0, vx.x, vx.y);
@@ -159,7 +160,7 @@ void launch_tensor_cores(const std::uint16_t* w, const std::uint16_t* x, int M, 
                          cudaStream_t s) {
   tc_ring::launch<bf16_gemv_tc_kernel<Out>>(bf16_tc_smem_bytes(kGemvMaxRows), bf16_tc_smem_bytes(M), N, s,
                                             "cuda::bf16_gemv: raising the tensor-core kernel's shared memory", w, x, M, N,
-                                            K, y);
+                                            K, y, tc_ring::early_copies() ? 1 : 0);
 }
 
 tc_ring::PathSwitch<Bf16GemvPath> g_gemv_path;
@@ -227,6 +228,10 @@ int bf16_gemv_preferred_rows() noexcept {
 
 Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path) {
   return g_gemv_path.set(path);
+}
+
+int set_tensor_core_gemv_early_copies(int on) {
+  return tc_ring::g_early_copies.exchange(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
 }
 
 void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x, int M, std::int64_t I, std::int64_t K,

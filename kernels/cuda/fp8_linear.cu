@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const
                                                                            const std::uint8_t* __restrict__ x,
                                                                            const float* __restrict__ x_scale, int M,
                                                                            std::int64_t N, std::int64_t K,
-                                                                           std::uint16_t* __restrict__ y) {
+                                                                           std::uint16_t* __restrict__ y, int early) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int slot_bytes = fp8_slot_bytes(M);
   float* part = reinterpret_cast<float*>(smem + tc_ring::kWarps * kStages * slot_bytes);  // [warp][row][m]
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(tc_ring::kWarps * 32) fp8_gemv_tc_kernel(const
   unsigned char* ring = smem + warp * kStages * slot_bytes;
   const tc_ring::WeightPieces pieces(w, row0, N, K, lane);
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  tc_ring::stream(ring, slot_bytes, pieces, x, K, M, chunks, sl, lane, [&](const uint4& va, const uint4& vb, const uint4& vx) {
+  tc_ring::stream(ring, slot_bytes, pieces, x, K, M, chunks, sl, lane, early != 0, [&](const uint4& va, const uint4& vb, const uint4& vx) {
     // Each k-step's 64 products are summed from zero and then added to c in f32 (see the rounding note).
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     mma_e4m3(p, va.x, vb.x, va.y, vb.y, vx.x, vx.y);
@@ -295,7 +295,7 @@ void launch_tensor_cores(const std::uint8_t* w, const float* w_scale, const std:
                          std::int64_t N, std::int64_t K, std::uint16_t* y, cudaStream_t s) {
   tc_ring::launch<fp8_gemv_tc_kernel>(fp8_smem_bytes(kGemvMaxRows), fp8_smem_bytes(M), N, s,
                                       "cuda::fp8_gemv: raising the tensor-core kernel's shared memory", w, w_scale, x,
-                                      x_scale, M, N, K, y);
+                                      x_scale, M, N, K, y, tc_ring::early_copies() ? 1 : 0);
 }
 
 tc_ring::PathSwitch<Fp8GemvPath> g_gemv_path;

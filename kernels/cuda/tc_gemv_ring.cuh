@@ -89,29 +89,48 @@ __device__ __forceinline__ void wait_slot() {
 /// bytes of the 16 rows and then x's M rows' 256 bytes at the same inputs (x row m at x + m·x_row_bytes, the
 /// same 16-byte chunk order as the weights). For every 64-byte k-step it calls mma_step(va, vb, vx): lane (g,
 /// t)'s 16 bytes of rows g and g + 8 and of x row g (zero for g >= M), all at chunk t of the step.
+/// `early`: the weights of the first kStages - 1 slots are copied before the wait (they are never written
+/// during a step; only x comes from the previous kernel), their x after it, all as one group (early_copies()).
 template <class MmaStep>
 __device__ __forceinline__ void stream(unsigned char* ring, int slot_bytes, const WeightPieces& pieces,
                                        const std::uint8_t* x, std::int64_t x_row_bytes, int M, std::int64_t chunks,
-                                       Slice sl, int lane, MmaStep&& mma_step) {
+                                       Slice sl, int lane, bool early, MmaStep&& mma_step) {
   const int g = lane >> 2, t = lane & 3;
-  auto issue = [&](int i) {  // slot sl.first + i into ring slot i % kStages; a group is committed either way
-    if (i < sl.count) {
-      const std::int64_t s = sl.first + i;
-      unsigned char* slot = ring + (i % kStages) * slot_bytes;
-      pieces.copy(slot, s, chunks, lane);
-      for (int q = lane; q < M * kPieces; q += 32) {  // x: row q / 16, piece q % 16
-        const int m = q / kPieces, col = q % kPieces;
-        const std::int64_t ch = s * kPieces + col;
-        const bool ok = ch < chunks;
-        detail::cp_async_16(detail::smem_u32(slot + kWeightBytes + piece_offset(m, col)), x + m * x_row_bytes + (ok ? ch * 16 : 0),
-                            ok);
-      }
+  auto copy_w = [&](int i) {  // slot sl.first + i's weights into ring slot i % kStages
+    if (i < sl.count) pieces.copy(ring + (i % kStages) * slot_bytes, sl.first + i, chunks, lane);
+  };
+  auto copy_x = [&](int i) {  // ... and its x
+    if (i >= sl.count) return;
+    const std::int64_t s = sl.first + i;
+    unsigned char* slot = ring + (i % kStages) * slot_bytes;
+    for (int q = lane; q < M * kPieces; q += 32) {  // x: row q / 16, piece q % 16
+      const int m = q / kPieces, col = q % kPieces;
+      const std::int64_t ch = s * kPieces + col;
+      const bool ok = ch < chunks;
+      detail::cp_async_16(detail::smem_u32(slot + kWeightBytes + piece_offset(m, col)), x + m * x_row_bytes + (ok ? ch * 16 : 0),
+                          ok);
     }
+  };
+  auto issue = [&](int i) {  // a group is committed either way
+    copy_w(i);
+    copy_x(i);
     detail::cp_async_commit();
   };
-  chained::wait_for_previous_kernel();
+  if (early) {
+    // One group holds the first kStages - 1 slots whole, then empty groups keep wait_slot's count: the first
+    // wait_slot waits for all of them (their weights have been in flight since before the wait).
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i);
+    for (int i = 0; i < kStages - 1; ++i) copy_w(i);
+    chained::wait_for_previous_kernel();
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) copy_x(i);
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) detail::cp_async_commit();
+  } else {
+    chained::wait_for_previous_kernel();
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) issue(i);
+  }
   const bool has_x = g < M;
   for (int i = 0; i < sl.count; ++i) {
     wait_slot();
@@ -175,6 +194,21 @@ void launch(std::size_t max_smem, std::size_t smem, std::int64_t N, cudaStream_t
   backend::cuda::check(raised, who);
   chained::launch(kKernel, dim3(static_cast<unsigned>((N + kRows - 1) / kRows)), dim3(kWarps * 32), smem, stream,
                   std::forward<Args>(args)...);
+}
+
+/// Whether the ring kernels copy their first slots' weights before the chained wait (stream's `early`):
+/// set_tensor_core_gemv_early_copies's choice, else INFER_TC_GEMV_EARLY=1 (read once); off by default until
+/// measured. The GGUF GEMV's early copies gained 5-6% at batch 1 on the H200 (gguf_gemv.cu); a 2026-12-03 bf16
+/// GEMV that loaded weights before its wait had been 5% slower (gemv_split.cuh), so this is a switch to A/B.
+inline std::atomic<int> g_early_copies{-1};
+inline bool early_copies() {
+  const int v = g_early_copies.load(std::memory_order_relaxed);
+  if (v >= 0) return v != 0;
+  static const bool from_env = [] {
+    const char* e = std::getenv("INFER_TC_GEMV_EARLY");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return from_env;
 }
 
 /// A GEMV's process-wide choice between its CUDA-core kernel and its ring kernel (Bf16GemvPath, Fp8GemvPath:

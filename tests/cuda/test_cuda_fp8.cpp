@@ -122,11 +122,15 @@ TEST_CASE("cuda::fp8_gemv matches Fp8::matmul on the same codes for M = 1..8", "
   // The split across warps (gemv_split.cuh): 1 for {333, 1008} (63 chunks of 16), 2 for {1000, 4096} (256
   // chunks), 4 for {64, 14336} and {77, 8192}; N odd and off the 2-row group, K ragged against the unroll.
   const Shape shapes[] = {{1, 16}, {3, 64}, {333, 1008}, {1000, 4096}, {64, 14336}, {77, 8192}};
+  // The tensor-core kernel also with its first weights copied before the chained wait (early copies).
   std::mt19937 rng(test_seed("cuda::fp8_gemv"));
+  for (const int early : {0, 1})
   for (const auto path : {kc::Fp8GemvPath::tensor_cores, kc::Fp8GemvPath::cuda_cores})
   for (const Shape& s : shapes) {
     const bool tensor_cores = path == kc::Fp8GemvPath::tensor_cores;
+    if (early && !tensor_cores) continue;
     kc::set_fp8_gemv_path(path);
+    kc::set_tensor_core_gemv_early_copies(early);
     std::vector<float> wf(static_cast<std::size_t>(s.N * s.K));
     std::normal_distribution<float> d(0.0f, 0.02f);
     for (auto& v : wf) v = d(rng);
@@ -136,7 +140,8 @@ TEST_CASE("cuda::fp8_gemv matches Fp8::matmul on the same codes for M = 1..8", "
     upload(dws, w.scale);
     double worst = 0;
     for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
-      INFO((tensor_cores ? "tensor cores" : "CUDA cores") << ", M=" << M << " N=" << s.N << " K=" << s.K);
+      INFO((tensor_cores ? "tensor cores" : "CUDA cores") << (early ? ", early copies" : "") << ", M=" << M
+                                                         << " N=" << s.N << " K=" << s.K);
       const auto xf = to_f32(random_bf16(static_cast<std::size_t>(M * s.K), rng));
       const QuantizedRows qx(xf, M, s.K);
       const std::vector<std::uint8_t>& xq = qx.codes;
@@ -176,6 +181,7 @@ TEST_CASE("cuda::fp8_gemv matches Fp8::matmul on the same codes for M = 1..8", "
                 static_cast<long long>(s.N), static_cast<long long>(s.K), worst);
   }
   kc::set_fp8_gemv_path(kc::Fp8GemvPath::automatic);
+  kc::set_tensor_core_gemv_early_copies(-1);
   SECTION("operands it cannot take are refused, not miscomputed") {
     test::DeviceMem d(4096);
     const auto* q = d.as<std::uint8_t>();

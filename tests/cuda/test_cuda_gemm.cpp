@@ -646,12 +646,17 @@ TEST_CASE("cuda::bf16_gemv matches gemm_xwt for M = 1..8, bf16 and f32 outputs",
   const Shape shapes[] = {{1, 8}, {3, 64}, {333, 1000}, {1000, 4096}, {257, 1032}, {64, 14336}, {77, 2056}};
   // Both kernels (Bf16GemvPath): the tensor-core one (16-row blocks, eight warps' slices of 32-value k-steps)
   // meets ragged N and K in the same shapes.
+  // The tensor-core kernel also with its first weights copied before the chained wait (early copies).
   std::mt19937 rng(test_seed("cuda::bf16_gemv"));
+  for (const int early : {0, 1})
   for (const auto path : {kc::Bf16GemvPath::cuda_cores, kc::Bf16GemvPath::tensor_cores})
   for (const Shape& s : shapes) {
+    if (early && path == kc::Bf16GemvPath::cuda_cores) continue;
     kc::set_bf16_gemv_path(path);
+    kc::set_tensor_core_gemv_early_copies(early);
     for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
-      INFO((path == kc::Bf16GemvPath::tensor_cores ? "tensor cores" : "CUDA cores") << ", M=" << M << " N=" << s.N
+      INFO((path == kc::Bf16GemvPath::tensor_cores ? "tensor cores" : "CUDA cores") << (early ? ", early copies" : "")
+                                                                                    << ", M=" << M << " N=" << s.N
                                                                                     << " K=" << s.K);
       const auto xb = random_bf16(static_cast<std::size_t>(M * s.K), rng);
       const auto wb = random_bf16(static_cast<std::size_t>(s.N * s.K), rng);
@@ -670,6 +675,7 @@ TEST_CASE("cuda::bf16_gemv matches gemm_xwt for M = 1..8, bf16 and f32 outputs",
     }
   }
   kc::set_bf16_gemv_path(kc::Bf16GemvPath::automatic);
+  kc::set_tensor_core_gemv_early_copies(-1);
   SECTION("operands it cannot take are refused, not miscomputed") {
     test::DeviceMem d(4096);
     CHECK_FALSE(kc::bf16_gemv_supports(d.p, d.p, 12));

@@ -240,6 +240,12 @@ void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x_bf16, int M, std::
 enum class Bf16GemvPath : int { automatic = 0, cuda_cores = 1, tensor_cores = 2 };
 Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path);
 
+/// Whether the tensor-core GEMVs (bf16_gemv's and fp8_gemv's ring kernels) copy their first weights before
+/// waiting for the previous kernel, process-wide: 1 on, 0 off, -1 (the default) from INFER_TC_GEMV_EARLY=1,
+/// read once (off otherwise). Returns the previous setting; takes effect at the next launch. For tests and
+/// A/B runs until it is measured.
+int set_tensor_core_gemv_early_copies(int on);
+
 /// SwiGLU fused into the gate/up GEMV: w_gate_up is the stacked [2I][K] weight (gate rows 0..I-1, up rows
 /// I..2I-1) and y[m][i] = bf16(silu(g) * u) with g = x[m]·gate_i, u = x[m]·up_i and silu(g) = g / (1 + e^-g),
 /// all in f32: what bf16_gemv into [M][2I] followed by `swiglu` computes, less the rounding of g and u to
