@@ -26,6 +26,7 @@ enum class Errc {
   chat_template,     ///< a chat template is unknown or a conversation does not fit it
   device,            ///< a CUDA / cuBLAS call failed (out of memory, launch failure, no device)
   policy,            ///< a policy broke its contract (e.g. a scheduler kept a finished sequence's blocks)
+  distributed,       ///< a collective among ranks failed or did not complete in time (dist/)
 };
 
 constexpr std::string_view to_string(Errc c) noexcept {
@@ -39,6 +40,7 @@ constexpr std::string_view to_string(Errc c) noexcept {
     case Errc::chat_template: return "chat_template";
     case Errc::device: return "device";
     case Errc::policy: return "policy";
+    case Errc::distributed: return "distributed";
   }
   return "unknown";
 }
@@ -70,6 +72,8 @@ INFER_DEFINE_ERROR(DeviceError, Errc::device);
 /// A bug in a policy, found by the engine's invariant checks: the message names the policy type and what
 /// it did; the engine that threw is not usable afterwards.
 INFER_DEFINE_ERROR(PolicyError, Errc::policy);
+/// A collective among ranks failed or timed out (dist/): another rank has stopped, hangs or called differently.
+INFER_DEFINE_ERROR(DistributedError, Errc::distributed);
 #undef INFER_DEFINE_ERROR
 
 namespace detail {

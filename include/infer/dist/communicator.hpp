@@ -1,0 +1,54 @@
+#pragma once
+/// \file
+/// Communicators: how the ranks of a tensor-parallel group, or data-parallel replicas, exchange data. A
+/// policy like the engine's others: what takes one takes it as a template parameter, so one process
+/// (`SingleRank`) compiles to what it was before, with no calls at all. `Mpi` (dist/mpi.hpp) runs ranks over
+/// MPI: the CPU backend's, and the channel a GPU communicator's setup goes through.
+///
+/// Every rank of a group must make the same calls in the same order with the same sizes (as MPI's and NCCL's
+/// collectives require); a call that cannot complete in time (a rank died or hangs) ends in the
+/// communicator's timeout, never in a hang.
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+#include "infer/core/error.hpp"
+
+namespace infer::dist {
+
+/// What a communicator offers: its place in the group and four collectives, all blocking.
+/// - `all_reduce_sum(data)`: every rank's `data` becomes the element-wise sum over the ranks (in place);
+/// - `all_gather(mine, all)`: `all` (size() · mine.size() values) becomes every rank's `mine`, in rank order;
+/// - `broadcast(bytes, root)`: every rank's `bytes` becomes root's;
+/// - `barrier()`: returns once every rank has called it.
+template <class C>
+concept Communicator = requires(C& c, const C& cc, std::span<float> values, std::span<const float> mine,
+                                std::span<std::byte> bytes, int root) {
+  { cc.rank() } -> std::same_as<int>;
+  { cc.size() } -> std::same_as<int>;
+  c.all_reduce_sum(values);
+  c.all_gather(mine, values);
+  c.broadcast(bytes, root);
+  c.barrier();
+};
+
+/// A group of one: every collective is the identity, and costs nothing (TP = 1, DP = 1).
+class SingleRank {
+ public:
+  [[nodiscard]] int rank() const noexcept { return 0; }
+  [[nodiscard]] int size() const noexcept { return 1; }
+  void all_reduce_sum(std::span<float>) noexcept {}
+  void all_gather(std::span<const float> mine, std::span<float> all) const {
+    require<InvalidArgument>(all.size() == mine.size(), "SingleRank::all_gather: ", all.size(),
+                             " values for 1 rank of ", mine.size());
+    std::copy(mine.begin(), mine.end(), all.begin());
+  }
+  void broadcast(std::span<std::byte>, int root) const {
+    require<InvalidArgument>(root == 0, "SingleRank::broadcast: root ", root, " in a group of 1");
+  }
+  void barrier() noexcept {}
+};
+static_assert(Communicator<SingleRank>);
+
+}  // namespace infer::dist
