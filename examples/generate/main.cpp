@@ -12,18 +12,31 @@
 // compiled engine (engine_registry.hpp); --backend cuda on a machine without a GPU exits 2. --json prints one
 // document with every request's tokens, text, finish reason and timings, the run's summary and KV statistics.
 // --trace FILE writes every engine step (the plan, admissions, preemptions, blocks) as a JSON line.
+//
+//   mpirun -np N infer-generate --data-parallel ...        one engine per rank (a GPU each: the local rank's),
+//                                                          the prompts split into N contiguous chunks, the
+//                                                          results gathered at rank 0 and printed there in
+//                                                          prompt order with one summary (needs a build with MPI)
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "infer/dist/data_parallel.hpp"
 #include "infer/engine/llm.hpp"
 #include "program_flags.hpp"
+#if INFER_HAVE_MPI
+#include <optional>
+
+#include "infer/dist/mpi.hpp"
+#endif
 
 using nlohmann::json;
 
@@ -102,6 +115,36 @@ json kv_json(const infer::KvStats& k) {
           {"evictions", k.evictions}};
 }
 
+/// A run's summary as the --json document prints it.
+json summary_json(const infer::GenerationSummary& sum) {
+  return {{"requests", sum.requests}, {"prompt_tokens", sum.prompt_tokens},
+          {"cached_prompt_tokens", sum.cached_prompt_tokens}, {"output_tokens", sum.output_tokens},
+          {"seconds", sum.seconds}, {"output_tokens_per_s", sum.output_tokens_per_s()},
+          {"total_tokens_per_s", sum.total_tokens_per_s()}, {"mean_ttft_ms", sum.mean_ttft_s * 1e3},
+          {"preemptions", sum.preemptions}};
+}
+
+/// The ranks' summaries as one: counts added, the job's time the slowest rank's, TTFT weighted by requests.
+json merge_summaries(const std::vector<json>& ranks) {
+  std::int64_t requests = 0, prompt = 0, cached = 0, output = 0, preemptions = 0;
+  double seconds = 0, ttft_sum = 0;
+  for (const json& r : ranks) {
+    const json& s = r.at("summary");
+    requests += s.at("requests").get<std::int64_t>();
+    prompt += s.at("prompt_tokens").get<std::int64_t>();
+    cached += s.at("cached_prompt_tokens").get<std::int64_t>();
+    output += s.at("output_tokens").get<std::int64_t>();
+    preemptions += s.at("preemptions").get<std::int64_t>();
+    seconds = std::max(seconds, s.at("seconds").get<double>());
+    ttft_sum += s.at("mean_ttft_ms").get<double>() * static_cast<double>(s.at("requests").get<std::int64_t>());
+  }
+  const auto per_s = [&](std::int64_t n) { return seconds > 0 ? static_cast<double>(n) / seconds : 0.0; };
+  return {{"requests", requests}, {"prompt_tokens", prompt}, {"cached_prompt_tokens", cached},
+          {"output_tokens", output}, {"seconds", seconds}, {"output_tokens_per_s", per_s(output)},
+          {"total_tokens_per_s", per_s(prompt + output)},
+          {"mean_ttft_ms", requests > 0 ? ttft_sum / static_cast<double>(requests) : 0.0}, {"preemptions", preemptions}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,7 +197,35 @@ int main(int argc, char** argv) {
   app.add_flag("--ignore-eos", sp.ignore_eos, "keep generating past EOS");
   app.add_flag("--json", as_json, "print one JSON document");
   app.add_option("--trace", trace_file, "write every engine step (plan, admissions, preemptions, blocks) as JSONL");
+  bool data_parallel = false;
+  app.add_flag("--data-parallel", data_parallel,
+               "under mpirun -np N: one engine per rank (the local rank's GPU), the prompts split across the ranks, "
+               "the results printed by rank 0 in prompt order");
   CLI11_PARSE(app, argc, argv);
+#if INFER_HAVE_MPI
+  // MPI starts before anything touches CUDA, so that each rank sees only its own GPU.
+  std::optional<infer::dist::MpiSession> mpi;
+  std::optional<infer::dist::Mpi> world;
+  if (data_parallel) {
+    mpi.emplace();
+    world.emplace();
+    infer::dist::select_local_gpu(mpi->local_rank());
+  }
+  const int rank = world ? world->rank() : 0, ranks = world ? world->size() : 1;
+#else
+  if (data_parallel) {
+    fmt::print(stderr, "infer-generate: --data-parallel needs a build with MPI (scripts/setup.sh installs Open MPI)\n");
+    return 2;
+  }
+  const int rank = 0, ranks = 1;
+#endif
+  // In a data-parallel job an error on one rank ends every rank (the others would wait for its results).
+  const auto fail = [&](int code) {
+#if INFER_HAVE_MPI
+    if (world && ranks > 1) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+    return code;
+  };
   sp.seed = seed;
   opt.engine_options.enable_prefix_caching = !no_prefix_caching;
 
@@ -172,9 +243,14 @@ int main(int argc, char** argv) {
     }
     if (prompts.empty()) {
       fmt::print(stderr, "infer-generate: no prompts: give them as arguments or with --prompts FILE\n");
-      return 2;
+      return fail(2);
     }
+    const infer::dist::ItemRange mine = infer::dist::split_evenly(prompts.size(), rank, ranks);
     sp.validate();
+    if (ranks > 1) {  // one progress bar (rank 0's share) and one summary (the job's, below) for the job
+      opt.progress = rank == 0;
+      opt.summary = false;
+    }
     infer::LLM llm(spec, opt);
     if (!trace_file.empty()) llm.set_step_observer(infer::JsonlTraceWriter(std::filesystem::path(trace_file)));
 
@@ -182,7 +258,8 @@ int main(int argc, char** argv) {
     std::vector<std::vector<std::int32_t>> ids;
     std::vector<std::string> shown;
     std::vector<infer::SamplingParams> params;
-    for (const auto& p : prompts) {
+    for (std::size_t i = mine.begin; i < mine.end; ++i) {  // this rank's prompts (all of them without DP)
+      const Prompt& p = prompts[i];
       params.push_back(sp);
       params.back().priority = p.priority;
       params.back().tag = p.tag;
@@ -194,25 +271,18 @@ int main(int argc, char** argv) {
         ids.push_back(llm.encode_chat(shown.back()));
       }
     }
-    const auto results = llm.generate_ids(ids, params);
+    const auto results = ids.empty() ? std::vector<infer::RequestOutput>{} : llm.generate_ids(ids, params);
     const auto& sum = llm.last_summary();
 
-    if (!as_json) {
-      for (std::size_t i = 0; i < results.size(); ++i) {
-        fmt::print("=== prompt {} ===\n{}\n", i, shown[i]);
-        for (const auto& o : results[i].outputs)
-          fmt::print("--- completion {} ({}) ---\n{}\n", o.index, infer::to_string(o.finish_reason), o.text);
-      }
-      return 0;
-    }
     json items = json::array();
-    for (std::size_t i = 0; i < results.size(); ++i) {
-      const auto& r = results[i];
+    for (std::size_t j = 0; j < results.size(); ++j) {
+      const auto& r = results[j];
+      const std::size_t i = mine.begin + j;  // the prompt's index in the whole list
       json outs = json::array();
       for (const auto& o : r.outputs)
         outs.push_back({{"index", o.index}, {"text", o.text}, {"token_ids", o.token_ids},
                         {"finish_reason", std::string(infer::to_string(o.finish_reason))}});
-      items.push_back({{"index", i}, {"prompt", shown[i]}, {"prompt_token_ids", r.prompt_token_ids}, {"outputs", outs},
+      items.push_back({{"index", i}, {"prompt", shown[j]}, {"prompt_token_ids", r.prompt_token_ids}, {"outputs", outs},
                        {"priority", prompts[i].priority}, {"tag", prompts[i].tag},
                        {"metrics", {{"prompt_tokens", r.metrics.prompt_tokens},
                                     {"cached_prompt_tokens", r.metrics.cached_prompt_tokens},
@@ -222,6 +292,45 @@ int main(int argc, char** argv) {
                                     {"latency_ms", r.metrics.latency_s() * 1e3}}}});
     }
     const auto st = llm.stats();
+    json run{{"rank", rank}, {"prompts", {mine.begin, mine.end}}, {"summary", summary_json(sum)},
+             {"kv_cache", {{"at_peak", kv_json(sum.kv_at_peak)},
+                           {"max_wasted_slots_per_sequence", sum.max_wasted_slots_per_sequence},
+                           {"after_run", kv_json(llm.kv_stats())}}},
+             {"engine_stats", {{"steps", st.steps}, {"computed_tokens", st.computed_tokens},
+                               {"generated_tokens", st.generated_tokens}, {"preemptions", st.preemptions}}}};
+    std::vector<json> per_rank;
+#if INFER_HAVE_MPI
+    if (world && ranks > 1) {
+      // Each rank's items and run, as JSON text, to rank 0: rank order is prompt order (split_evenly).
+      const std::string mine_text = json{{"items", items}, {"run", run}}.dump();
+      const auto gathered = world->gather_bytes(std::as_bytes(std::span(mine_text.data(), mine_text.size())), 0);
+      if (rank != 0) return 0;  // rank 0 prints the job's results
+      items = json::array();
+      for (const auto& bytes : gathered) {
+        json part = json::parse(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+        for (auto& item : part.at("items")) items.push_back(std::move(item));
+        per_rank.push_back(std::move(part.at("run")));
+      }
+      const json job = merge_summaries(per_rank);
+      fmt::print(stderr,
+                 "infer: data parallel over {} ranks: {} requests, {} prompt tokens ({} from the prefix cache), {} output "
+                 "tokens in {:.2f} s: {:.1f} output tok/s, {:.1f} total tok/s, mean time to first token {:.1f} ms\n",
+                 ranks, job.at("requests").get<std::int64_t>(), job.at("prompt_tokens").get<std::int64_t>(),
+                 job.at("cached_prompt_tokens").get<std::int64_t>(), job.at("output_tokens").get<std::int64_t>(),
+                 job.at("seconds").get<double>(), job.at("output_tokens_per_s").get<double>(),
+                 job.at("total_tokens_per_s").get<double>(), job.at("mean_ttft_ms").get<double>());
+    }
+#endif
+
+    if (!as_json) {
+      for (const json& item : items) {
+        fmt::print("=== prompt {} ===\n{}\n", item.at("index").get<std::size_t>(), item.at("prompt").get<std::string>());
+        for (const json& o : item.at("outputs"))
+          fmt::print("--- completion {} ({}) ---\n{}\n", o.at("index").get<int>(), o.at("finish_reason").get<std::string>(),
+                     o.at("text").get<std::string>());
+      }
+      return 0;
+    }
     json doc{{"model", spec.dummy.empty() ? spec.model.string() : "dummy:" + spec.dummy},
              {"backend", spec.backend},
              {"engine", opt.engine},
@@ -230,24 +339,24 @@ int main(int argc, char** argv) {
                                                            {"max_input", llm.info().max_input},
                                                            {"max_output", llm.info().max_output}}
                                                      : json(nullptr)},
-             {"results", items},
-             {"summary", {{"requests", sum.requests}, {"prompt_tokens", sum.prompt_tokens},
-                          {"cached_prompt_tokens", sum.cached_prompt_tokens}, {"output_tokens", sum.output_tokens},
-                          {"seconds", sum.seconds}, {"output_tokens_per_s", sum.output_tokens_per_s()},
-                          {"total_tokens_per_s", sum.total_tokens_per_s()}, {"mean_ttft_ms", sum.mean_ttft_s * 1e3},
-                          {"preemptions", sum.preemptions}}},
-             {"kv_cache", {{"at_peak", kv_json(sum.kv_at_peak)},
-                           {"max_wasted_slots_per_sequence", sum.max_wasted_slots_per_sequence},
-                           {"after_run", kv_json(llm.kv_stats())}}},
-             {"engine_stats", {{"steps", st.steps}, {"computed_tokens", st.computed_tokens},
-                               {"generated_tokens", st.generated_tokens}, {"preemptions", st.preemptions}}}};
+             {"results", items}};
+    if (per_rank.empty()) {
+      doc["summary"] = run.at("summary");
+      doc["kv_cache"] = run.at("kv_cache");
+      doc["engine_stats"] = run.at("engine_stats");
+    } else {  // data parallel: the job's summary, and each rank's run (its prompts, summary, KV cache, steps)
+      doc["data_parallel"] = ranks;
+      doc["summary"] = merge_summaries(per_rank);
+      doc["ranks"] = per_rank;
+    }
     fmt::print("{}\n", doc.dump(1));
     return 0;
   } catch (const infer::Error& e) {
-    fmt::print(stderr, "infer-generate: {} error: {}\n", infer::to_string(e.code()), e.what());
-    return 1;
+    fmt::print(stderr, "infer-generate: {}{} error: {}\n", ranks > 1 ? infer::detail::cat("rank ", rank, ": ") : "",
+               infer::to_string(e.code()), e.what());
+    return fail(1);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "infer-generate: error: {}\n", e.what());
-    return 1;
+    fmt::print(stderr, "infer-generate: {}error: {}\n", ranks > 1 ? infer::detail::cat("rank ", rank, ": ") : "", e.what());
+    return fail(1);
   }
 }

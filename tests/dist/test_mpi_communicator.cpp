@@ -18,7 +18,7 @@ namespace {
 float value_of(int r, std::size_t i) { return static_cast<float>(r * 1000 + static_cast<int>(i)) * 0.5f; }
 }  // namespace
 
-TEST_CASE("Mpi: all_reduce_sum, all_gather, broadcast and barrier give every rank the same answer", "[dist][mpi]") {
+TEST_CASE("Mpi: all_reduce_sum, all_gather, broadcast, barrier and gather_bytes give the answers they must", "[dist][mpi]") {
   dist::Mpi c;
   REQUIRE(c.size() >= 2);
   const int n = c.size();
@@ -51,6 +51,17 @@ TEST_CASE("Mpi: all_reduce_sum, all_gather, broadcast and barrier give every ran
     bad += bytes[i] == static_cast<std::byte>((i * 7 + static_cast<std::size_t>(n - 1)) & 0xff) ? 0 : 1;
   CHECK(bad == 0);
   c.barrier();
+  // gather_bytes: rank r sends r + 1 bytes of value r; the root gets them in rank order.
+  const std::vector<std::byte> mine(static_cast<std::size_t>(c.rank() + 1), static_cast<std::byte>(c.rank()));
+  const auto got = c.gather_bytes(mine, 0);
+  if (c.rank() == 0) {
+    REQUIRE(got.size() == static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r)
+      CHECK(got[static_cast<std::size_t>(r)] ==
+            std::vector<std::byte>(static_cast<std::size_t>(r + 1), static_cast<std::byte>(r)));
+  } else {
+    CHECK(got.empty());
+  }
   std::vector<float> wrong(3);
   CHECK_THROWS_AS(c.all_gather(std::vector<float>(2), wrong), InvalidArgument);  // refused before any rank sends
   CHECK_THROWS_WITH(c.broadcast(bytes, n), Catch::Contains("root"));

@@ -25,6 +25,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "infer/core/error.hpp"
 #include "infer/dist/communicator.hpp"
@@ -36,21 +37,9 @@ namespace infer::dist {
 /// thread, a program's main thread). DistributedError when MPI cannot start or gives less thread support.
 class MpiSession {
  public:
-  MpiSession(int& argc, char**& argv) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
-      if (MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
-        throw DistributedError("MpiSession: MPI_Init_thread failed");
-      owner_ = true;
-      if (provided < MPI_THREAD_SERIALIZED)
-        throw DistributedError(detail::cat("MpiSession: MPI gives thread level ", provided,
-                                           ", less than MPI_THREAD_SERIALIZED"));
-    }
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
-  }
+  MpiSession(int& argc, char**& argv) { init(&argc, &argv); }
+  /// Without the command line (MPI-2 allows it): for a program that decides after parsing its flags.
+  MpiSession() { init(nullptr, nullptr); }
   ~MpiSession() {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -74,6 +63,22 @@ class MpiSession {
   }
 
  private:
+  void init(int* argc, char*** argv) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+        throw DistributedError("MpiSession: MPI_Init_thread failed");
+      owner_ = true;
+      if (provided < MPI_THREAD_SERIALIZED)
+        throw DistributedError(detail::cat("MpiSession: MPI gives thread level ", provided,
+                                           ", less than MPI_THREAD_SERIALIZED"));
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  }
+
   bool owner_ = false;
   int world_rank_ = 0, world_size_ = 1;
 };
@@ -145,6 +150,30 @@ class Mpi {
     MPI_Request r;
     MPI_Ibarrier(comm_, &r);
     finish(r, "barrier", 0);
+  }
+  /// Every rank's `mine` (any length) at `root`, in rank order; the others get an empty list. Not part of the
+  /// Communicator concept: a host-side exchange (data-parallel results), not a step's collective.
+  std::vector<std::vector<std::byte>> gather_bytes(std::span<const std::byte> mine, int root) {
+    require<InvalidArgument>(root >= 0 && root < size_, "Mpi::gather_bytes: root ", root, " in a group of ", size_);
+    const int n = count_of(mine.size(), "gather_bytes");
+    std::vector<int> sizes(rank_ == root ? static_cast<std::size_t>(size_) : 0);
+    MPI_Request r;
+    MPI_Igather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, root, comm_, &r);
+    finish(r, "gather_bytes (sizes)", 1);
+    std::vector<int> offsets(sizes.size(), 0);
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      offsets[i] = count_of(total, "gather_bytes");
+      total += static_cast<std::size_t>(sizes[i]);
+    }
+    count_of(total, "gather_bytes");
+    std::vector<std::byte> all(total);
+    MPI_Igatherv(mine.data(), n, MPI_BYTE, all.data(), sizes.data(), offsets.data(), MPI_BYTE, root, comm_, &r);
+    finish(r, "gather_bytes", mine.size());
+    std::vector<std::vector<std::byte>> out;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      out.emplace_back(all.begin() + offsets[i], all.begin() + offsets[i] + sizes[i]);
+    return out;
   }
 
  private:

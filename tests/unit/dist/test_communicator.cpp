@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "infer/dist/communicator.hpp"
+#include "infer/dist/data_parallel.hpp"
 
 using namespace infer;
 
@@ -28,4 +29,19 @@ TEST_CASE("SingleRank: a group of one, every collective the identity", "[dist]")
   std::vector<float> wrong(4);
   CHECK_THROWS_AS(c.all_gather(v, wrong), InvalidArgument);
   CHECK_THROWS_WITH(c.broadcast(bytes, 1), Catch::Contains("root 1"));
+}
+
+TEST_CASE("split_evenly: contiguous chunks in rank order, the first n % ranks one longer, all covered once", "[dist]") {
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{200}, std::size_t{201}})
+    for (const int ranks : {1, 2, 3, 8}) {
+      INFO(n << " items over " << ranks << " ranks");
+      std::size_t next = 0;
+      for (int r = 0; r < ranks; ++r) {
+        const dist::ItemRange got = dist::split_evenly(n, r, ranks);
+        CHECK(got.begin == next);
+        CHECK(got.size() == n / static_cast<std::size_t>(ranks) + (static_cast<std::size_t>(r) < n % static_cast<std::size_t>(ranks) ? 1 : 0));
+        next = got.end;
+      }
+      CHECK(next == n);
+    }
 }
