@@ -29,14 +29,9 @@
 #include <string>
 #include <vector>
 
-#include "infer/dist/data_parallel.hpp"
+#include "data_parallel_job.hpp"
 #include "infer/engine/llm.hpp"
 #include "program_flags.hpp"
-#if INFER_HAVE_MPI
-#include <optional>
-
-#include "infer/dist/mpi.hpp"
-#endif
 
 using nlohmann::json;
 
@@ -202,30 +197,10 @@ int main(int argc, char** argv) {
                "under mpirun -np N: one engine per rank (the local rank's GPU), the prompts split across the ranks, "
                "the results printed by rank 0 in prompt order");
   CLI11_PARSE(app, argc, argv);
-#if INFER_HAVE_MPI
   // MPI starts before anything touches CUDA, so that each rank sees only its own GPU.
-  std::optional<infer::dist::MpiSession> mpi;
-  std::optional<infer::dist::Mpi> world;
-  if (data_parallel) {
-    mpi.emplace();
-    world.emplace();
-    infer::dist::select_local_gpu(mpi->local_rank());
-  }
-  const int rank = world ? world->rank() : 0, ranks = world ? world->size() : 1;
-#else
-  if (data_parallel) {
-    fmt::print(stderr, "infer-generate: --data-parallel needs a build with MPI (scripts/setup.sh installs Open MPI)\n");
-    return 2;
-  }
-  const int rank = 0, ranks = 1;
-#endif
-  // In a data-parallel job an error on one rank ends every rank (the others would wait for its results).
-  const auto fail = [&](int code) {
-#if INFER_HAVE_MPI
-    if (world && ranks > 1) MPI_Abort(MPI_COMM_WORLD, code);
-#endif
-    return code;
-  };
+  infer::programs::DataParallelJob job("infer-generate", data_parallel);
+  if (!job.ok()) return 2;
+  const int rank = job.rank(), ranks = job.ranks();
   sp.seed = seed;
   opt.engine_options.enable_prefix_caching = !no_prefix_caching;
 
@@ -243,9 +218,9 @@ int main(int argc, char** argv) {
     }
     if (prompts.empty()) {
       fmt::print(stderr, "infer-generate: no prompts: give them as arguments or with --prompts FILE\n");
-      return fail(2);
+      return job.fail(2);
     }
-    const infer::dist::ItemRange mine = infer::dist::split_evenly(prompts.size(), rank, ranks);
+    const infer::dist::ItemRange mine = job.share(prompts.size());
     sp.validate();
     if (ranks > 1) {  // one progress bar (rank 0's share) and one summary (the job's, below) for the job
       opt.progress = rank == 0;
@@ -299,28 +274,24 @@ int main(int argc, char** argv) {
              {"engine_stats", {{"steps", st.steps}, {"computed_tokens", st.computed_tokens},
                                {"generated_tokens", st.generated_tokens}, {"preemptions", st.preemptions}}}};
     std::vector<json> per_rank;
-#if INFER_HAVE_MPI
-    if (world && ranks > 1) {
-      // Each rank's items and run, as JSON text, to rank 0: rank order is prompt order (split_evenly).
-      const std::string mine_text = json{{"items", items}, {"run", run}}.dump();
-      const auto gathered = world->gather_bytes(std::as_bytes(std::span(mine_text.data(), mine_text.size())), 0);
+    if (job.parallel()) {
+      // Each rank's items and run to rank 0: rank order is prompt order (split_evenly).
+      const std::vector<json> parts = job.gather(json{{"items", items}, {"run", run}});
       if (rank != 0) return 0;  // rank 0 prints the job's results
       items = json::array();
-      for (const auto& bytes : gathered) {
-        json part = json::parse(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-        for (auto& item : part.at("items")) items.push_back(std::move(item));
-        per_rank.push_back(std::move(part.at("run")));
+      for (const json& part : parts) {
+        for (const json& item : part.at("items")) items.push_back(item);
+        per_rank.push_back(part.at("run"));
       }
-      const json job = merge_summaries(per_rank);
+      const json sum_all = merge_summaries(per_rank);
       fmt::print(stderr,
                  "infer: data parallel over {} ranks: {} requests, {} prompt tokens ({} from the prefix cache), {} output "
                  "tokens in {:.2f} s: {:.1f} output tok/s, {:.1f} total tok/s, mean time to first token {:.1f} ms\n",
-                 ranks, job.at("requests").get<std::int64_t>(), job.at("prompt_tokens").get<std::int64_t>(),
-                 job.at("cached_prompt_tokens").get<std::int64_t>(), job.at("output_tokens").get<std::int64_t>(),
-                 job.at("seconds").get<double>(), job.at("output_tokens_per_s").get<double>(),
-                 job.at("total_tokens_per_s").get<double>(), job.at("mean_ttft_ms").get<double>());
+                 ranks, sum_all.at("requests").get<std::int64_t>(), sum_all.at("prompt_tokens").get<std::int64_t>(),
+                 sum_all.at("cached_prompt_tokens").get<std::int64_t>(), sum_all.at("output_tokens").get<std::int64_t>(),
+                 sum_all.at("seconds").get<double>(), sum_all.at("output_tokens_per_s").get<double>(),
+                 sum_all.at("total_tokens_per_s").get<double>(), sum_all.at("mean_ttft_ms").get<double>());
     }
-#endif
 
     if (!as_json) {
       for (const json& item : items) {
@@ -352,11 +323,10 @@ int main(int argc, char** argv) {
     fmt::print("{}\n", doc.dump(1));
     return 0;
   } catch (const infer::Error& e) {
-    fmt::print(stderr, "infer-generate: {}{} error: {}\n", ranks > 1 ? infer::detail::cat("rank ", rank, ": ") : "",
-               infer::to_string(e.code()), e.what());
-    return fail(1);
+    fmt::print(stderr, "infer-generate: {}{} error: {}\n", job.who(), infer::to_string(e.code()), e.what());
+    return job.fail(1);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "infer-generate: {}error: {}\n", ranks > 1 ? infer::detail::cat("rank ", rank, ": ") : "", e.what());
-    return fail(1);
+    fmt::print(stderr, "infer-generate: {}error: {}\n", job.who(), e.what());
+    return job.fail(1);
   }
 }

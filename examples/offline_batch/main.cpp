@@ -7,14 +7,22 @@
 //   infer-offline-batch --dummy qwen2.5-7b --tokenizer MODEL --backend cuda    (a 7B shape, random weights)
 //   infer-offline-batch --dummy qwen2.5-7b --tokenizer tokenizer.json --chat-template chatml
 //     (a bare tokenizer.json carries no chat template: name a built-in one)
+//   mpirun -np N infer-offline-batch --data-parallel ...   the classic Ray + vLLM job without Ray: one engine
+//     per rank (the local rank's GPU), the prompts split into N chunks, one summary and the answers at rank 0
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "data_parallel_job.hpp"
 #include "infer/engine/llm.hpp"
 #include "program_flags.hpp"
+
+using nlohmann::json;
 
 int main(int argc, char** argv) {
   CLI::App app{"The offline batch job: 50 prompts, sampled, with a summary and the first answers", "infer-offline-batch"};
@@ -38,7 +46,13 @@ int main(int argc, char** argv) {
   app.add_option("--chat-template", opt.chat_template,
                  "built-in template instead of the model's: chatml, llama3, llama3.1, mistral");
   app.add_option("--show", shown, "answers to print")->check(CLI::NonNegativeNumber);
+  bool data_parallel = false;
+  app.add_flag("--data-parallel", data_parallel,
+               "under mpirun -np N: one engine per rank (the local rank's GPU), the prompts split across the ranks, "
+               "one summary and the answers at rank 0");
   CLI11_PARSE(app, argc, argv);
+  infer::programs::DataParallelJob job("infer-offline-batch", data_parallel);  // before anything touches CUDA
+  if (!job.ok()) return 2;
 
   if (const auto code = infer::programs::prepare_engine_file("infer-offline-batch", engine_file, spec, opt)) return *code;
   if (const auto code = infer::programs::resolve_backend_or_exit("infer-offline-batch", spec.backend)) return *code;
@@ -46,27 +60,48 @@ int main(int argc, char** argv) {
     spec.validate();
     sp.validate();
     opt.summary = false;  // the program prints its own
+    opt.progress = job.rank() == 0;  // one bar (rank 0's share) in a data-parallel job
     infer::LLM llm(spec, opt);
     const std::vector<std::string> questions = {"What is the capital of France?",
                                                 "Explain what a large language model is in one paragraph."};
     std::vector<std::vector<infer::ChatMessage>> conversations;
     for (int i = 0; i < num_prompts; ++i)
       conversations.push_back({{"user", questions[static_cast<std::size_t>(i * 2 / num_prompts)]}});
-    const auto results = llm.chat(conversations, sp);
+    const infer::dist::ItemRange mine = job.share(conversations.size());
+    const std::vector<std::vector<infer::ChatMessage>> my_conversations(
+        conversations.begin() + static_cast<std::ptrdiff_t>(mine.begin),
+        conversations.begin() + static_cast<std::ptrdiff_t>(mine.end));
+    const auto results = my_conversations.empty() ? std::vector<infer::RequestOutput>{} : llm.chat(my_conversations, sp);
     const auto& s = llm.last_summary();
-    const auto info = llm.info();
-    fmt::print("{} requests on the {} engine ({}), {:.2f} s: {} tokens generated, {:.1f} tokens/s\n", s.requests,
-               info.kind, info.backend, s.seconds, s.output_tokens, s.output_tokens_per_s());
-    for (int i = 0; i < shown && i < num_prompts; ++i) {
-      const auto& c = conversations[static_cast<std::size_t>(i)];
-      fmt::print("\n--- {} ---\n{}\n", c.back().content, results[static_cast<std::size_t>(i)].outputs.at(0).text);
+    // This rank's counts and answers (the first `shown` of the job are all rank 0 needs), then the job's.
+    json answers = json::array();
+    for (std::size_t j = 0; j < results.size() && mine.begin + j < static_cast<std::size_t>(shown); ++j)
+      answers.push_back(results[j].outputs.at(0).text);
+    const std::vector<json> parts = job.gather(
+        json{{"requests", s.requests}, {"output_tokens", s.output_tokens}, {"seconds", s.seconds}, {"answers", answers}});
+    if (job.rank() != 0) return 0;
+    std::int64_t requests = 0, tokens = 0;
+    double seconds = 0;  // the job's: its slowest rank's
+    std::vector<std::string> texts;
+    for (const json& p : parts) {
+      requests += p.at("requests").get<std::int64_t>();
+      tokens += p.at("output_tokens").get<std::int64_t>();
+      seconds = std::max(seconds, p.at("seconds").get<double>());
+      for (const json& a : p.at("answers")) texts.push_back(a.get<std::string>());
     }
+    const auto info = llm.info();
+    fmt::print("{} requests on the {} engine ({}{}), {:.2f} s: {} tokens generated, {:.1f} tokens/s\n", requests,
+               info.kind, info.backend, job.parallel() ? fmt::format(", {} ranks", job.ranks()) : std::string(),
+               seconds, tokens, seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0);
+    for (std::size_t i = 0; i < texts.size(); ++i)
+      fmt::print("\n--- {} ---\n{}\n", conversations[i].back().content, texts[i]);
     return 0;
   } catch (const infer::ChatTemplateError& e) {
-    fmt::print(stderr, "infer-offline-batch: {}; here: --chat-template chatml|llama3|llama3.1|mistral\n", e.what());
-    return 1;
+    fmt::print(stderr, "infer-offline-batch: {}{}; here: --chat-template chatml|llama3|llama3.1|mistral\n", job.who(),
+               e.what());
+    return job.fail(1);
   } catch (const infer::Error& e) {
-    fmt::print(stderr, "infer-offline-batch: {} error: {}\n", infer::to_string(e.code()), e.what());
-    return 1;
+    fmt::print(stderr, "infer-offline-batch: {}{} error: {}\n", job.who(), infer::to_string(e.code()), e.what());
+    return job.fail(1);
   }
 }

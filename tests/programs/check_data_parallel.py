@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""infer-generate --data-parallel under mpirun, as a user runs the classic batch job: the prompts split across the
-ranks (one engine each), the results printed once, by rank 0, in prompt order, equal to one process's; one
-summary for the job; a rank with no prompts; and an error on every rank ends the job with the message.
+"""The programs' --data-parallel under mpirun, as a user runs the classic batch job. infer-generate: the prompts
+split across the ranks (one engine each), the results printed once, by rank 0, in prompt order, equal to one
+process's; one summary for the job; a rank with no prompts; an error on the ranks ends the job with the
+message. infer-offline-batch: one summary line for all the requests, and the first answers.
 
-usage: check_generate_dp.py BIN_DIR MODEL MPIEXEC"""
+usage: check_data_parallel.py BIN_DIR MODEL MPIEXEC"""
 import json
 import os
 import subprocess
@@ -60,5 +61,13 @@ with tempfile.TemporaryDirectory() as tmp:
     # An error on the ranks ends the job with its message, not a hang.
     r = run(2, "--prompts", os.path.join(tmp, "missing.txt"))
     check(r.returncode != 0 and "cannot read --prompts" in r.stderr, f"a missing prompts file: the job ends ({r.stderr[-300:]!r})")
+
+    # infer-offline-batch: the job's one summary line, over both ranks, and the first answers from rank 0.
+    batch = os.path.join(bin_dir, "infer-offline-batch")
+    r = subprocess.run([mpiexec, "-n", "2", batch, "--data-parallel", "--model", model, "--backend", "cpu", "--prompts", "6",
+                        "--max-tokens", "4", "--show", "4"], capture_output=True, text=True, timeout=300, env=env)
+    check(r.returncode == 0 and r.stdout.count(" requests on the ") == 1 and
+          r.stdout.startswith("6 requests on the paged engine (cpu, 2 ranks)") and r.stdout.count("\n--- ") == 4,
+          f"infer-offline-batch, 2 ranks: one summary, 4 answers ({r.stdout[:300]!r}, {r.stderr[-300:]!r})")
 
 finish()
