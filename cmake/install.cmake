@@ -2,7 +2,13 @@
 include(CMakePackageConfigHelpers)
 install(DIRECTORY include/infer DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${PROJECT_BINARY_DIR}/include/infer/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/infer)
-install(TARGETS infer infer_kernels EXPORT inferTargets
+# infer::mpi (dist/mpi.hpp's MPI) where the build found MPI; the package then finds MPI too (inferConfig.cmake).
+set(INFER_EXPORTED_TARGETS infer infer_kernels)
+if(TARGET infer_mpi)
+  set_target_properties(infer_mpi PROPERTIES EXPORT_NAME mpi)
+  list(APPEND INFER_EXPORTED_TARGETS infer_mpi)
+endif()
+install(TARGETS ${INFER_EXPORTED_TARGETS} EXPORT inferTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

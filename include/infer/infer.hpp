@@ -12,6 +12,9 @@
 #include "infer/core/half.hpp"
 #include "infer/core/type_name.hpp"
 
+#include "infer/dist/communicator.hpp"
+#include "infer/dist/data_parallel.hpp"
+
 #include "infer/engine/engine.hpp"
 #include "infer/engine/llm.hpp"
 #include "infer/engine/presets.hpp"

@@ -6,6 +6,10 @@
 //   consumer MODEL
 #include <infer/infer.hpp>
 #include <infer/testing/fake_allocator.hpp>
+#if CONSUMER_HAS_MPI
+#include <infer/dist/mpi.hpp>
+static_assert(infer::dist::Communicator<infer::dist::Mpi>);
+#endif
 
 #include <algorithm>
 #include <cstdio>
@@ -104,6 +108,17 @@ std::vector<std::vector<std::int32_t>> generate(E& engine) {
 int main(int argc, char** argv) {
   std::printf("consumer: infer %s\n", INFER_VERSION);
   check(gguf_roundtrip(), "a GGUF file made in memory parses and dequantizes");
+  {  // dist/: the group of one that TP = 1 and DP = 1 compile to
+    infer::dist::SingleRank one;
+    std::vector<float> v = {1.0f, 2.0f};
+    one.all_reduce_sum(v);
+    check(one.size() == 1 && v[1] == 2.0f && infer::dist::split_evenly(10, 1, 3).begin == 4,
+          "dist: SingleRank and split_evenly from the package");
+#if CONSUMER_HAS_MPI
+    int (*init)(int*, char***) = &MPI_Init;  // MPI's library links through infer::mpi
+    check(init != nullptr, "dist: infer::mpi links MPI");
+#endif
+  }
   if (argc < 2) return failures ? 1 : 0;
 
   {  // The scheduler alone, on the installed test helpers: blocks only, fake tokens.
