@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
   // MPI starts before anything touches CUDA, so that each rank sees only its own GPU.
   infer::programs::DataParallelJob job("infer-generate", data_parallel);
   if (!job.ok()) return 2;
-  const int rank = job.rank(), ranks = job.ranks();
+  const int rank = job.rank();
   sp.seed = seed;
   opt.engine_options.enable_prefix_caching = !no_prefix_caching;
 
@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
     }
     const infer::dist::ItemRange mine = job.share(prompts.size());
     sp.validate();
-    if (ranks > 1) {  // one progress bar (rank 0's share) and one summary (the job's, below) for the job
+    if (job.parallel()) {  // one progress bar (rank 0's share) and one summary (the job's, below) for the job
       opt.progress = rank == 0;
       opt.summary = false;
     }
@@ -287,7 +287,7 @@ int main(int argc, char** argv) {
       fmt::print(stderr,
                  "infer: data parallel over {} ranks: {} requests, {} prompt tokens ({} from the prefix cache), {} output "
                  "tokens in {:.2f} s: {:.1f} output tok/s, {:.1f} total tok/s, mean time to first token {:.1f} ms\n",
-                 ranks, sum_all.at("requests").get<std::int64_t>(), sum_all.at("prompt_tokens").get<std::int64_t>(),
+                 job.ranks(), sum_all.at("requests").get<std::int64_t>(), sum_all.at("prompt_tokens").get<std::int64_t>(),
                  sum_all.at("cached_prompt_tokens").get<std::int64_t>(), sum_all.at("output_tokens").get<std::int64_t>(),
                  sum_all.at("seconds").get<double>(), sum_all.at("output_tokens_per_s").get<double>(),
                  sum_all.at("total_tokens_per_s").get<double>(), sum_all.at("mean_ttft_ms").get<double>());
@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
       doc["kv_cache"] = run.at("kv_cache");
       doc["engine_stats"] = run.at("engine_stats");
     } else {  // data parallel: the job's summary, and each rank's run (its prompts, summary, KV cache, steps)
-      doc["data_parallel"] = ranks;
+      doc["data_parallel"] = job.ranks();
       doc["summary"] = merge_summaries(per_rank);
       doc["ranks"] = per_rank;
     }

@@ -426,11 +426,9 @@ void launch_walk(const void* w, const std::uint16_t* x, std::int64_t N, std::int
   // One range of outputs a CTA, all CTAs at once; no more CTAs than give each warp an item (SmolLM2's 576-row
   // layers of one step a row: 72 CTAs of 8 rows, not 396 of one or two).
   const std::int64_t nb = K / info(T).block_elems;
-  const std::int64_t per_row = (nb + step_blocks(T) - 1) / step_blocks(T) * (swiglu ? 2 : 1);  // items an output
-  const std::int64_t wanted = (outs * per_row + kWarps - 1) / kWarps;
-  const std::int64_t grid = std::min(std::min(wanted, resident), outs);
-  const std::int64_t rows = (outs + grid - 1) / grid * (swiglu ? 2 : 1);  // a CTA's weight rows, at most
-  if (rows * ((nb + step_blocks(T) - 1) / step_blocks(T)) >= (std::int64_t{1} << 31))
+  const std::int64_t per_output = (nb + step_blocks(T) - 1) / step_blocks(T) * (swiglu ? 2 : 1);  // its items
+  const std::int64_t grid = std::min({(outs * per_output + kWarps - 1) / kWarps, resident, outs});
+  if ((outs + grid - 1) / grid * per_output >= (std::int64_t{1} << 31))  // the busiest CTA's items
     throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", name(T), "): N=", N, " K=", K,
                                              " is more work than a CTA's 32-bit item count holds"));
   chained::launch(kernel, static_cast<unsigned>(grid), kThreads, smem, stream, static_cast<const unsigned char*>(w),
