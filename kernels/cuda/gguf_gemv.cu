@@ -36,6 +36,11 @@
 // Measured on an H100 at 51aeb8a (M = 1, bench/results/gpu-2026-12-06f): Q4_K 33-46% faster than the segment
 // walk (gate_up 2.46 TB/s), Q6_K 7-15%, Q8_0 2-4%. Aligned tensors also copy a step's chunks without the
 // general copy's edge checks. With `swiglu` a warp walks gate row i then up row i and writes silu(g)·u itself.
+// With a ResidualNorm for x (ops.hpp), the CTA computes the decoder's pre-norm itself before quantizing: the
+// rows' sums of squares (a fixed reduction order, so every CTA gets the same bits), then x = bf16(r·inv·weight)
+// straight into the quantization; each CTA also writes its share of the chunks of r and x (chunk i of a row by
+// CTA i mod grid). A batch-1 step of SmolLM2-135M runs ~300 kernels of 1-3 us, and a chained kernel costs ~2 us
+// in a graph (paths bench), so the 61 norm kernels folded this way were ~15% of its step.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -169,6 +174,85 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src)
   detail::cp_async_16(detail::smem_u32(smem_dst), gmem_src, true);
 }
 
+/// Chunk c (8 values) of r = residual + delta, the ResidualNorm's sum, as f32.
+__device__ __forceinline__ void residual_chunk(const ResidualNorm& n, std::int64_t c, float (&r)[8]) {
+  const auto* r4 = reinterpret_cast<const float4*>(n.residual) + 2 * c;
+  const float4 a = r4[0], b = r4[1];
+  r[0] = a.x, r[1] = a.y, r[2] = a.z, r[3] = a.w, r[4] = b.x, r[5] = b.y, r[6] = b.z, r[7] = b.w;
+  if (n.delta != nullptr) {
+    const uint4 d = reinterpret_cast<const uint4*>(n.delta)[c];
+    const std::uint32_t dw[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      r[2 * e] += __uint_as_float(dw[e] << 16);
+      r[2 * e + 1] += __uint_as_float(dw[e] & 0xffff0000u);
+    }
+  }
+}
+
+/// The quantization's source where x is a ResidualNorm (quantize_q8_chunks_from): chunk c of x is
+/// bf16(r · inv[row] · weight), as add_rmsnorm_kernel (rmsnorm.cu) rounds it. The CTA `writer` of `writers`
+/// stores chunk i of each row where i mod writers = writer: r to residual_out, x to normed_out (where given).
+struct NormedChunks {
+  ResidualNorm n;
+  const float* inv;  ///< per row of x: rsqrt(mean(r²) + eps), in shared memory
+  std::uint32_t chunks_per_row, writer, writers;
+  __device__ __forceinline__ void load(std::int64_t c, float (&v)[8]) const {
+    const auto cc = static_cast<std::uint32_t>(c);
+    const std::uint32_t m = cc / chunks_per_row, i = cc - m * chunks_per_row;
+    float r[8];
+    residual_chunk(n, c, r);
+    const bool mine = i % writers == writer;
+    if (mine && n.residual_out != nullptr) {
+      auto* o = reinterpret_cast<float4*>(n.residual_out) + 2 * c;
+      o[0] = make_float4(r[0], r[1], r[2], r[3]);
+      o[1] = make_float4(r[4], r[5], r[6], r[7]);
+    }
+    const auto* w4 = reinterpret_cast<const float4*>(n.weight) + 2 * i;
+    const float4 wa = __ldg(w4), wb = __ldg(w4 + 1);
+    const float w[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+    const float s = inv[m];
+    std::uint32_t packed[4];
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const std::uint16_t lo = f32_to_bf16(r[e] * s * w[e]), hi = f32_to_bf16(r[e + 1] * s * w[e + 1]);
+      v[e] = bf16_to_f32(lo);
+      v[e + 1] = bf16_to_f32(hi);
+      packed[e / 2] = static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
+    }
+    if (mine && n.normed_out != nullptr)
+      reinterpret_cast<uint4*>(n.normed_out)[c] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+};
+
+/// Each row's rsqrt(mean(r²) + eps) of a ResidualNorm over M rows of K, into inv[0..M): every thread's sums, then
+/// the warps' in a fixed order through `sums` (kWarps·M floats). Ends with a barrier; the whole CTA calls it.
+template <int MM, int kWarpsN>
+__device__ __forceinline__ void residual_inv_rms(const ResidualNorm& n, std::int64_t K, float* sums, float* inv) {
+  const auto cpr = static_cast<std::uint32_t>(K / 8);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+#pragma unroll
+  for (int m = 0; m < MM; ++m) {
+    float ss = 0.0f;
+    for (std::uint32_t i = threadIdx.x; i < cpr; i += kWarpsN * 32) {
+      float r[8];
+      residual_chunk(n, static_cast<std::int64_t>(m) * cpr + i, r);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += r[e] * r[e];
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (lane == 0) sums[warp * MM + m] = ss;
+  }
+  __syncthreads();
+  if (threadIdx.x < MM) {
+    float t = 0.0f;
+    for (int w = 0; w < kWarpsN; ++w) t += sums[w * MM + static_cast<int>(threadIdx.x)];
+    inv[threadIdx.x] = rsqrtf(t / static_cast<float>(K) + n.eps);
+  }
+  __syncthreads();
+}
+
 /// CTAs an SM should hold, for the register budget: 3 up to 4 rows of x (Llama's K = 4096 then takes ~75 KiB of
 /// shared memory a CTA), 2 above (where shared memory allows no more anyway). Without the bound the unit walks
 /// took ~100 registers from 3 rows up, two CTAs an SM.
@@ -178,7 +262,8 @@ constexpr int kMinBlocks(int rows) { return rows <= 4 ? 3 : 2; }
 /// and its steps are 16-byte aligned, so a step's copy needs no edge checks (always so in the unit walks).
 /// `swiglu`: W is a stacked [gate; up] of N rows and y gets N / 2 columns, silu(x·gate_i) · (x·up_i), written
 /// by the CTA that computed both (the decode step's SwiGLU kernel, and the round trip of gate and up through
-/// memory, disappear). `early_copies`: see early_copies().
+/// memory, disappear). `early_copies`: see early_copies(). `norm` (its weight non-null): x is that ResidualNorm,
+/// computed here (the file comment), and the `x` argument is not read.
 ///
 /// Work: CTA c owns the outputs [c·outs/grid, (c+1)·outs/grid), a balanced contiguous range (grid = the CTAs
 /// the GPU holds at once, so there is one range per CTA and no second wave). Its items are the steps of those
@@ -191,7 +276,8 @@ template <DType T, int MM, Walk kWalk>
 __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const unsigned char* __restrict__ w,
                                                         const std::uint16_t* __restrict__ x, std::int64_t N,
                                                         std::int64_t K, void* __restrict__ y, std::int64_t ldy,
-                                                        int y_f32, int aligned, int swiglu, int early_copies) {
+                                                        int y_f32, int aligned, int swiglu, int early_copies,
+                                                        ResidualNorm norm) {
   static_assert(kWalk == Walk::segments || kWalk == aligned_walk(T), "a unit walk of another type");
   if (!early_copies) chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   constexpr int kBytes = static_cast<int>(info(T).block_bytes);
@@ -278,16 +364,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const un
   // during a step), so a CTA placed on an SM the previous kernel's tail left free starts its reads early.
   for (int s = 0; s < kStages - 1; ++s) issue();
   if (early_copies) chained::wait_for_previous_kernel();
-  if constexpr (kWalk == Walk::pairs || kWalk == Walk::q8_pairs) {
-    UnitXStore<false> store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
-                            static_cast<std::uint32_t>(K / kUnitVals)};
-    quantize_q8_chunks_into(x, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
-  } else if constexpr (kWalk == Walk::q6_runs) {
-    UnitXStore<true> store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
-                           static_cast<std::uint32_t>(K / kUnitVals)};
-    quantize_q8_chunks_into(x, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
+  auto quantize_x = [&](const auto& src) {
+    if constexpr (kWalk == Walk::pairs || kWalk == Walk::q8_pairs) {
+      UnitXStore<false> store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
+                              static_cast<std::uint32_t>(K / kUnitVals)};
+      quantize_q8_chunks_from(src, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
+    } else if constexpr (kWalk == Walk::q6_runs) {
+      UnitXStore<true> store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
+                             static_cast<std::uint32_t>(K / kUnitVals)};
+      quantize_q8_chunks_from(src, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
+    } else {
+      Q8PlainStore store{xq, xs};
+      quantize_q8_chunks_from(src, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
+    }
+  };
+  if (norm.weight != nullptr) {
+    // `red` is free until the first chunk's partial sums, after the barrier below.
+    float* inv = red + kWarps * MM;
+    residual_inv_rms<MM, kWarps>(norm, K, red, inv);
+    quantize_x(NormedChunks{norm, inv, static_cast<std::uint32_t>(K / 8), blockIdx.x, gridDim.x});
   } else {
-    quantize_q8_chunks(x, MM * K / 8, MM * K / 8, xq, xs, threadIdx.x, kThreads);
+    quantize_x(Bf16Chunks{x});
   }
   __syncthreads();
 
@@ -407,11 +504,21 @@ bool early_copies() {
   return value;
 }
 
+/// One call's operands (`run` below), for the launches of its rows of x.
+struct Job {
+  const void* w;
+  const std::uint16_t* x;  ///< bf16 x, or null where `norm` gives it
+  ResidualNorm norm;       ///< x as a pre-norm where norm.weight is non-null
+  std::int64_t N, K;       ///< the weight's rows (with swiglu a stacked [gate; up]) and x's width
+  void* y;
+  std::int64_t ldy;
+  bool y_f32, swiglu;
+};
+
 template <DType T, int MM, Walk kWalk>
-void launch_walk(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, void* y, std::int64_t ldy,
-                 bool y_f32, bool aligned, bool swiglu, cudaStream_t stream) {
+void launch_walk(const Job& j, bool aligned, cudaStream_t stream) {
   auto kernel = gemv_kernel<T, MM, kWalk>;
-  const auto smem = static_cast<std::size_t>(smem_bytes(T, MM, K));
+  const auto smem = static_cast<std::size_t>(smem_bytes(T, MM, j.K));
   if (smem > 48 * 1024)
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), T,
           "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
@@ -421,18 +528,19 @@ void launch_walk(const void* w, const std::uint16_t* x, std::int64_t N, std::int
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem), T,
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   if (per_sm < 1) per_sm = 1;
-  const std::int64_t outs = swiglu ? N / 2 : N;
+  const std::int64_t outs = j.swiglu ? j.N / 2 : j.N;
   const std::int64_t resident = static_cast<std::int64_t>(sms) * per_sm;
   // One range of outputs a CTA, all CTAs at once; no more CTAs than give each warp an item (SmolLM2's 576-row
   // layers of one step a row: 72 CTAs of 8 rows, not 396 of one or two).
-  const std::int64_t nb = K / info(T).block_elems;
-  const std::int64_t per_output = (nb + step_blocks(T) - 1) / step_blocks(T) * (swiglu ? 2 : 1);  // its items
+  const std::int64_t nb = j.K / info(T).block_elems;
+  const std::int64_t per_output = (nb + step_blocks(T) - 1) / step_blocks(T) * (j.swiglu ? 2 : 1);  // its items
   const std::int64_t grid = std::min({(outs * per_output + kWarps - 1) / kWarps, resident, outs});
   if ((outs + grid - 1) / grid * per_output >= (std::int64_t{1} << 31))  // the busiest CTA's items
-    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", name(T), "): N=", N, " K=", K,
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", name(T), "): N=", j.N, " K=", j.K,
                                              " is more work than a CTA's 32-bit item count holds"));
-  chained::launch(kernel, static_cast<unsigned>(grid), kThreads, smem, stream, static_cast<const unsigned char*>(w),
-                  x, N, K, y, ldy, y_f32 ? 1 : 0, aligned ? 1 : 0, swiglu ? 1 : 0, early_copies() ? 1 : 0);
+  chained::launch(kernel, static_cast<unsigned>(grid), kThreads, smem, stream, static_cast<const unsigned char*>(j.w),
+                  j.x, j.N, j.K, j.y, j.ldy, j.y_f32 ? 1 : 0, aligned ? 1 : 0, j.swiglu ? 1 : 0,
+                  early_copies() ? 1 : 0, j.norm);
   check(cudaGetLastError(), T, "kernel launch");
 }
 
@@ -448,29 +556,27 @@ bool unit_walks_allowed() {
 
 /// The pair or run walk where the type and alignment allow it, else the segment walk.
 template <DType T, int MM>
-void launch(const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, void* y, std::int64_t ldy,
-            bool y_f32, bool swiglu, cudaStream_t stream) {
-  const std::int64_t row_bytes = K / info(T).block_elems * info(T).block_bytes;
-  const bool aligned = reinterpret_cast<std::uintptr_t>(w) % 16 == 0 && row_bytes % 16 == 0;
+void launch(const Job& j, cudaStream_t stream) {
+  const std::int64_t row_bytes = j.K / info(T).block_elems * info(T).block_bytes;
+  const bool aligned = reinterpret_cast<std::uintptr_t>(j.w) % 16 == 0 && row_bytes % 16 == 0;
   constexpr Walk walk = aligned_walk(T);
   if constexpr (walk != Walk::segments) {
-    if (aligned && unit_walks_allowed()) return launch_walk<T, MM, walk>(w, x, N, K, y, ldy, y_f32, true, swiglu, stream);
+    if (aligned && unit_walks_allowed()) return launch_walk<T, MM, walk>(j, true, stream);
   }
-  launch_walk<T, MM, Walk::segments>(w, x, N, K, y, ldy, y_f32, aligned, swiglu, stream);
+  launch_walk<T, MM, Walk::segments>(j, aligned, stream);
 }
 
 template <DType T>
-void launch_rows(int M, const void* w, const std::uint16_t* x, std::int64_t N, std::int64_t K, void* y,
-                 std::int64_t ldy, bool y_f32, bool swiglu, cudaStream_t s) {
+void launch_rows(int M, const Job& j, cudaStream_t s) {
   switch (M) {
-    case 1: launch<T, 1>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
-    case 2: launch<T, 2>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
-    case 3: launch<T, 3>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
-    case 4: launch<T, 4>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
-    case 5: launch<T, 5>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
-    case 6: launch<T, 6>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
-    case 7: launch<T, 7>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
-    default: launch<T, 8>(w, x, N, K, y, ldy, y_f32, swiglu, s); break;
+    case 1: launch<T, 1>(j, s); break;
+    case 2: launch<T, 2>(j, s); break;
+    case 3: launch<T, 3>(j, s); break;
+    case 4: launch<T, 4>(j, s); break;
+    case 5: launch<T, 5>(j, s); break;
+    case 6: launch<T, 6>(j, s); break;
+    case 7: launch<T, 7>(j, s); break;
+    default: launch<T, 8>(j, s); break;
   }
 }
 
@@ -482,10 +588,12 @@ int rows_per_launch(DType type, std::int64_t K) {
   return m;
 }
 
-/// N: the weight's rows (with swiglu a stacked [gate; up], N / 2 output columns).
-void run(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
-         void* y, std::int64_t ldy, bool y_f32, bool swiglu, void* stream) {
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+/// job.N: the weight's rows (with swiglu a stacked [gate; up], N / 2 output columns).
+void run(DType type, Job job, int M, void* stream) {
   const DTypeInfo ti = info(type);
+  const std::int64_t N = job.N, K = job.K;
   if (!gemv_supports(type))
     throw UnsupportedError(infer::detail::cat("cuda::gguf_gemv: weight type ", ti.name,
                                        " is not supported (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, iq4_nl, "
@@ -500,37 +608,58 @@ void run(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, s
   if (per_launch < 1)
     throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): K=", K, " is too wide for one row of x in ",
                                       kMaxSmem / 1024, " KiB of shared memory; use gguf_gemm"));
-  const std::int64_t outs = swiglu ? N / 2 : N;
-  if (ldy == 0) ldy = outs;
-  if (ldy < outs)
-    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): output row stride ", ldy, " < N=", outs));
+  const std::int64_t outs = job.swiglu ? N / 2 : N;
+  if (job.ldy == 0) job.ldy = outs;
+  if (job.ldy < outs)
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): output row stride ", job.ldy, " < N=", outs));
   if (N == 0) return;
-  if (w_blocks == nullptr || x_bf16 == nullptr || y == nullptr)
+  ResidualNorm& n = job.norm;
+  const bool normed = n.weight != nullptr;
+  if (job.w == nullptr || (!normed && job.x == nullptr) || (normed && n.residual == nullptr) || job.y == nullptr)
     throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): null ",
-                                      w_blocks == nullptr ? "weight" : (x_bf16 == nullptr ? "x" : "y"), " pointer"));
-  if (reinterpret_cast<std::uintptr_t>(x_bf16) % 16 != 0)
-    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): x pointer ", static_cast<const void*>(x_bf16),
+                                      job.w == nullptr ? "weight" : job.y == nullptr ? "y" : normed ? "residual" : "x",
+                                      " pointer"));
+  if (!normed && !aligned16(job.x))
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): x pointer ", static_cast<const void*>(job.x),
                                       " is not 16-byte aligned"));
-  if (reinterpret_cast<std::uintptr_t>(w_blocks) % 2 != 0 || reinterpret_cast<std::uintptr_t>(y) % (y_f32 ? 4 : 2) != 0)
+  if (normed && !(aligned16(n.residual) && aligned16(n.delta) && aligned16(n.weight) && aligned16(n.residual_out) &&
+                  aligned16(n.normed_out)))
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name,
+                                             "): the pre-norm's residual, delta, weight and outputs must be 16-byte aligned"));
+  if (normed && n.residual_out != nullptr &&
+      static_cast<const void*>(n.residual_out) == static_cast<const void*>(n.residual))
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name,
+                                             "): the pre-norm's residual_out must be another buffer than its residual "
+                                             "(the kernel's CTAs read the residual while others write)"));
+  if (reinterpret_cast<std::uintptr_t>(job.w) % 2 != 0 || reinterpret_cast<std::uintptr_t>(job.y) % (job.y_f32 ? 4 : 2) != 0)
     throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): weight and y pointers must be aligned to 2 (",
                                       "y: to its element) bytes"));
   auto s = static_cast<cudaStream_t>(stream);
-  const std::size_t y_elem = y_f32 ? 4 : 2;
+  const std::size_t y_elem = job.y_f32 ? 4 : 2;
+  const Job all = job;
   for (int m0 = 0; m0 < M; m0 += per_launch) {  // more than one launch only where K is very wide
     const int rows = M - m0 < per_launch ? M - m0 : per_launch;
-    const std::uint16_t* xm = x_bf16 + static_cast<std::int64_t>(m0) * K;
-    void* ym = static_cast<char*>(y) + static_cast<std::size_t>(m0 * ldy) * y_elem;
+    const std::int64_t off = static_cast<std::int64_t>(m0) * K;  // x's (and the norm's) rows m0..
+    Job j = all;
+    if (j.x) j.x += off;
+    if (normed) {
+      j.norm.residual += off;
+      if (j.norm.delta) j.norm.delta += off;
+      if (j.norm.residual_out) j.norm.residual_out += off;
+      if (j.norm.normed_out) j.norm.normed_out += off;
+    }
+    j.y = static_cast<char*>(job.y) + static_cast<std::size_t>(m0 * job.ldy) * y_elem;
     switch (type) {
-      case DType::q8_0: launch_rows<DType::q8_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
-      case DType::q4_0: launch_rows<DType::q4_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
-      case DType::q4_1: launch_rows<DType::q4_1>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
-      case DType::q5_0: launch_rows<DType::q5_0>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
-      case DType::q5_1: launch_rows<DType::q5_1>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
-      case DType::q4_k: launch_rows<DType::q4_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
-      case DType::q5_k: launch_rows<DType::q5_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
-      case DType::q6_k: launch_rows<DType::q6_k>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
-      case DType::iq4_nl: launch_rows<DType::iq4_nl>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
-      case DType::iq4_xs: launch_rows<DType::iq4_xs>(rows, w_blocks, xm, N, K, ym, ldy, y_f32, swiglu, s); break;
+      case DType::q8_0: launch_rows<DType::q8_0>(rows, j, s); break;
+      case DType::q4_0: launch_rows<DType::q4_0>(rows, j, s); break;
+      case DType::q4_1: launch_rows<DType::q4_1>(rows, j, s); break;
+      case DType::q5_0: launch_rows<DType::q5_0>(rows, j, s); break;
+      case DType::q5_1: launch_rows<DType::q5_1>(rows, j, s); break;
+      case DType::q4_k: launch_rows<DType::q4_k>(rows, j, s); break;
+      case DType::q5_k: launch_rows<DType::q5_k>(rows, j, s); break;
+      case DType::q6_k: launch_rows<DType::q6_k>(rows, j, s); break;
+      case DType::iq4_nl: launch_rows<DType::iq4_nl>(rows, j, s); break;
+      case DType::iq4_xs: launch_rows<DType::iq4_xs>(rows, j, s); break;
       default: break;
     }
   }
@@ -540,19 +669,54 @@ void run(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, s
 
 void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
                std::uint16_t* y_bf16, void* stream, std::int64_t ldy) {
-  run(type, w_blocks, x_bf16, M, N, K, y_bf16, ldy, false, false, stream);
+  run(type, Job{w_blocks, x_bf16, {}, N, K, y_bf16, ldy, false, false}, M, stream);
 }
 
 void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, int M, std::int64_t N, std::int64_t K,
                float* y_f32, void* stream, std::int64_t ldy) {
-  run(type, w_blocks, x_bf16, M, N, K, y_f32, ldy, true, false, stream);
+  run(type, Job{w_blocks, x_bf16, {}, N, K, y_f32, ldy, true, false}, M, stream);
 }
 
 void gguf_gemv_swiglu(DType type, const void* w_gate_up, const std::uint16_t* x_bf16, int M, std::int64_t I,
                       std::int64_t K, std::uint16_t* y_bf16, void* stream) {
   if (I < 0)
     throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv_swiglu(", info(type).name, "): bad shape I=", I));
-  run(type, w_gate_up, x_bf16, M, 2 * I, K, y_bf16, 0, false, true, stream);
+  run(type, Job{w_gate_up, x_bf16, {}, 2 * I, K, y_bf16, 0, false, true}, M, stream);
+}
+
+namespace {
+void require_norm(DType type, const ResidualNorm& x) {
+  if (x.weight == nullptr)
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", info(type).name, "): the pre-norm has no weight"));
+}
+}  // namespace
+
+void gguf_gemv(DType type, const void* w_blocks, const ResidualNorm& x, int M, std::int64_t N, std::int64_t K,
+               std::uint16_t* y_bf16, void* stream, std::int64_t ldy) {
+  require_norm(type, x);
+  run(type, Job{w_blocks, nullptr, x, N, K, y_bf16, ldy, false, false}, M, stream);
+}
+
+void gguf_gemv(DType type, const void* w_blocks, const ResidualNorm& x, int M, std::int64_t N, std::int64_t K,
+               float* y_f32, void* stream, std::int64_t ldy) {
+  require_norm(type, x);
+  run(type, Job{w_blocks, nullptr, x, N, K, y_f32, ldy, true, false}, M, stream);
+}
+
+void gguf_gemv_swiglu(DType type, const void* w_gate_up, const ResidualNorm& x, int M, std::int64_t I, std::int64_t K,
+                      std::uint16_t* y_bf16, void* stream) {
+  require_norm(type, x);
+  if (I < 0)
+    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv_swiglu(", info(type).name, "): bad shape I=", I));
+  run(type, Job{w_gate_up, nullptr, x, 2 * I, K, y_bf16, 0, false, true}, M, stream);
+}
+
+bool gguf_gemv_fuses_norm() {
+  static const bool value = [] {
+    const char* e = std::getenv("INFER_GGUF_GEMV_NORM");
+    return e == nullptr || std::string_view(e) != "0";
+  }();
+  return value;
 }
 
 }  // namespace infer::kernels::cuda

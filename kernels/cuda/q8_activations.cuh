@@ -11,35 +11,43 @@
 
 namespace infer::kernels::cuda {
 
-/// x (bf16) into int8 codes and a Q8Scale per 32 values, by a set of threads that walk the 8-value chunks
-/// from `first` in steps of `stride`: each thread takes 8 values (one 16-byte load), 4 neighbouring lanes a
-/// block, which agree on its maximum by shuffles. Chunks at or past `valid` (of `chunks`, a multiple of 4) are
-/// zeros: codes 0 and scale 0, the padding rows of a tile. `first` and `stride` must keep whole warps together
-/// (each a multiple of 32 plus the lane): the loop's trip count is uniform across a warp, for its shuffles.
-/// Where the results go is the store's: `store.codes(c, codes)` takes chunk c's 8 codes (every chunk below
-/// `chunks`), `store.scale(b, scale)` block b's scale (b = c / 4, called once a block).
-template <class Store>
-__device__ __forceinline__ void quantize_q8_chunks_into(const std::uint16_t* __restrict__ x, std::int64_t valid,
-                                                        std::int64_t chunks, Store& store, std::int64_t first,
-                                                        std::int64_t stride) {
+/// x as 8-value chunks of bf16: chunk c is 16 bytes at x + 8c. A source of quantize_q8_chunks_from: `load(c, v)`
+/// puts chunk c's values (bf16 values as floats) in v.
+struct Bf16Chunks {
+  const std::uint16_t* __restrict__ x;
+  __device__ __forceinline__ void load(std::int64_t c, float (&v)[8]) const {
+    const uint4 u = reinterpret_cast<const uint4*>(x)[c];
+    const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v[2 * e] = __uint_as_float(w[e] << 16);
+      v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+    }
+  }
+};
+
+/// x into int8 codes and a Q8Scale per 32 values, by a set of threads that walk the 8-value chunks
+/// from `first` in steps of `stride`: each thread takes 8 values (src.load, Bf16Chunks: one 16-byte load), 4
+/// neighbouring lanes a block, which agree on its maximum by shuffles. Chunks at or past `valid` (of `chunks`, a
+/// multiple of 4) are zeros: codes 0 and scale 0, the padding rows of a tile. `first` and `stride` must keep
+/// whole warps together (each a multiple of 32 plus the lane): the loop's trip count is uniform across a warp,
+/// for its shuffles. Where the results go is the store's: `store.codes(c, codes)` takes chunk c's 8 codes (every
+/// chunk below `chunks`), `store.scale(b, scale)` block b's scale (b = c / 4, called once a block).
+template <class Source, class Store>
+__device__ __forceinline__ void quantize_q8_chunks_from(const Source& src, std::int64_t valid, std::int64_t chunks,
+                                                        Store& store, std::int64_t first, std::int64_t stride) {
   const std::int64_t lane0 = first & ~std::int64_t{31};  // the warp's first chunk of this round
   for (std::int64_t base = lane0; base < chunks; base += stride) {
     const std::int64_t c = base + (first & 31);
     const bool in_range = c < chunks;
     float v[8];
-    float amax = 0.0f;
     if (c < valid) {
-      const uint4 u = reinterpret_cast<const uint4*>(x)[c];
-      const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        v[2 * e] = __uint_as_float(w[e] << 16);
-        v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-      }
+      src.load(c, v);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] = 0.0f;
     }
+    float amax = 0.0f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
@@ -61,6 +69,14 @@ __device__ __forceinline__ void quantize_q8_chunks_into(const std::uint16_t* __r
         store.scale(c / 4, quant::Q8Scale{amax / 127.0f, static_cast<std::int16_t>(sum), static_cast<std::int16_t>(other)});
     }
   }
+}
+
+/// quantize_q8_chunks_from a bf16 x.
+template <class Store>
+__device__ __forceinline__ void quantize_q8_chunks_into(const std::uint16_t* __restrict__ x, std::int64_t valid,
+                                                        std::int64_t chunks, Store& store, std::int64_t first,
+                                                        std::int64_t stride) {
+  quantize_q8_chunks_from(Bf16Chunks{x}, valid, chunks, store, first, stride);
 }
 
 /// The plain layout: chunk c's codes at xq + 8c, block b's scale at xs[b].

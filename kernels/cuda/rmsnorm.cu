@@ -1,6 +1,7 @@
 // Fused residual add + RMSNorm: one block per row. Pass 1 adds delta into the f32 residual (written
-// back) and sums squares; a warp-shuffle tree reduces the sum across the block; pass 2 re-reads the
-// row each thread itself just wrote (L1/L2-resident) and writes bf16(x * inv_rms * weight).
+// back, in place or to another buffer) and sums squares; a warp-shuffle tree reduces the sum across the
+// block; pass 2 re-reads the row each thread itself just wrote (L1/L2-resident) and writes
+// bf16(x * inv_rms * weight).
 // 16-byte loads of residual/delta/weight and 8-byte stores of 4 bf16 when dim % 4 == 0 and aligned.
 #include <cuda_runtime.h>
 
@@ -40,36 +41,37 @@ __device__ __forceinline__ float load1(const float* d, std::int64_t i) { return 
 __device__ __forceinline__ float load1(const std::uint16_t* d, std::int64_t i) { return bf16_to_f32(d[i]); }
 
 template <bool kVec, class Delta>
-__global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __restrict__ delta,
+__global__ void add_rmsnorm_kernel(const float* residual, float* residual_out, const Delta* __restrict__ delta,
                                    const float* __restrict__ weight, std::int64_t dim, float eps,
                                    std::uint16_t* __restrict__ out) {
   chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   __shared__ float scratch[32];
   const std::int64_t row = blockIdx.x;
-  float* x = residual + row * dim;
+  const float* xin = residual + row * dim;
+  // Where the row's sum goes (may be xin itself); null: nowhere, pass 2 reads xin.
+  float* xo = residual_out != nullptr ? residual_out + row * dim : nullptr;
+  const float* x = xo != nullptr ? xo : xin;  // what pass 2 reads: each thread its own pass-1 values
   const Delta* d = delta != nullptr ? delta + row * dim : nullptr;
   std::uint16_t* y = out + row * dim;
   const auto tid = static_cast<std::int64_t>(threadIdx.x), nt = static_cast<std::int64_t>(blockDim.x);
   float sum = 0.0f;
   if constexpr (kVec) {
-    auto* x4 = reinterpret_cast<float4*>(x);
+    const auto* x4 = reinterpret_cast<const float4*>(xin);
     const std::int64_t n4 = dim / 4;
     for (std::int64_t i = tid; i < n4; i += nt) {
       float4 v = x4[i];
       if (d != nullptr) {
         const float4 a = load4(d, i);
         v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
-        x4[i] = v;
       }
+      if (xo != nullptr) reinterpret_cast<float4*>(xo)[i] = v;
       sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
   } else {
     for (std::int64_t i = tid; i < dim; i += nt) {
-      float v = x[i];
-      if (d != nullptr) {
-        v += load1(d, i);
-        x[i] = v;
-      }
+      float v = xin[i];
+      if (d != nullptr) v += load1(d, i);
+      if (xo != nullptr) xo[i] = v;
       sum += v * v;
     }
   }
@@ -95,8 +97,9 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __
 bool aligned(const void* p, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
 
 template <class Delta>
-void launch_add_rmsnorm(const char* who, float* residual, const Delta* delta, const float* weight, std::int64_t rows,
-                        std::int64_t dim, float eps, std::uint16_t* out_bf16, void* stream) {
+void launch_add_rmsnorm(const char* who, const float* residual, float* residual_out, const Delta* delta,
+                        const float* weight, std::int64_t rows, std::int64_t dim, float eps, std::uint16_t* out_bf16,
+                        void* stream) {
   if (rows < 0 || dim < 0) throw InvalidArgument(detail::cat(who, ": negative size (rows ", rows, ", dim ", dim, ")"));
   if (rows == 0 || dim == 0) return;
   if (residual == nullptr || weight == nullptr || out_bf16 == nullptr)
@@ -105,6 +108,7 @@ void launch_add_rmsnorm(const char* who, float* residual, const Delta* delta, co
                                       " pointer for ", rows, " rows of ", dim));
   if (rows > 0x7fffffff) throw InvalidArgument(detail::cat(who, ": ", rows, " rows exceed one grid"));
   const bool vec = dim % 4 == 0 && aligned(residual, 16) && aligned(weight, 16) && aligned(out_bf16, 8) &&
+                   (residual_out == nullptr || aligned(residual_out, 16)) &&
                    (delta == nullptr || aligned(delta, 4 * sizeof(Delta)));
   // One thread per 4 values (per value when scalar), whole warps, at most 1024; long rows loop.
   const std::int64_t per_row = vec ? dim / 4 : dim;
@@ -113,9 +117,11 @@ void launch_add_rmsnorm(const char* who, float* residual, const Delta* delta, co
   const auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(threads));
   if (vec)
-    chained::launch(add_rmsnorm_kernel<true, Delta>, grid, block, 0, s, residual, delta, weight, dim, eps, out_bf16);
+    chained::launch(add_rmsnorm_kernel<true, Delta>, grid, block, 0, s, residual, residual_out, delta, weight, dim, eps,
+                    out_bf16);
   else
-    chained::launch(add_rmsnorm_kernel<false, Delta>, grid, block, 0, s, residual, delta, weight, dim, eps, out_bf16);
+    chained::launch(add_rmsnorm_kernel<false, Delta>, grid, block, 0, s, residual, residual_out, delta, weight, dim,
+                    eps, out_bf16);
   backend::cuda::check(cudaGetLastError(), detail::cat(who, ": kernel launch").c_str());
 }
 
@@ -123,12 +129,19 @@ void launch_add_rmsnorm(const char* who, float* residual, const Delta* delta, co
 
 void add_rmsnorm(float* residual, const float* delta, const float* weight, std::int64_t rows, std::int64_t dim,
                  float eps, std::uint16_t* out_bf16, void* stream) {
-  launch_add_rmsnorm("cuda::add_rmsnorm", residual, delta, weight, rows, dim, eps, out_bf16, stream);
+  launch_add_rmsnorm("cuda::add_rmsnorm", residual, delta != nullptr ? residual : nullptr, delta, weight, rows, dim,
+                     eps, out_bf16, stream);
 }
 
 void add_bf16_rmsnorm(float* residual, const std::uint16_t* delta_bf16, const float* weight, std::int64_t rows,
                       std::int64_t dim, float eps, std::uint16_t* out_bf16, void* stream) {
-  launch_add_rmsnorm("cuda::add_bf16_rmsnorm", residual, delta_bf16, weight, rows, dim, eps, out_bf16, stream);
+  launch_add_rmsnorm("cuda::add_bf16_rmsnorm", residual, delta_bf16 != nullptr ? residual : nullptr, delta_bf16, weight,
+                     rows, dim, eps, out_bf16, stream);
+}
+
+void residual_norm(const ResidualNorm& n, std::int64_t rows, std::int64_t dim, void* stream) {
+  launch_add_rmsnorm("cuda::residual_norm", n.residual, n.residual_out, n.delta, n.weight, rows, dim, n.eps,
+                     n.normed_out, stream);
 }
 
 }  // namespace infer::kernels::cuda

@@ -809,6 +809,120 @@ TEST_CASE("cuda::gguf_gemv_swiglu matches the integer reference followed by SwiG
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("cuda::gguf_gemv with x as a pre-norm: the norm's bits, then the plain GEMV's bits", "[cuda][gemm]") {
+  // The decoder's residual add + RMSNorm computed in the GEMV's prologue (ResidualNorm). Checked in two steps:
+  // what it writes (r = residual + delta bit for bit; x within an ulp of the CPU's norm and of the standalone
+  // kernel, whose sum of squares runs in another order), and that y is the plain gguf_gemv's bits on that x: the
+  // same quantization and dot products, so the x the kernel multiplied is the x it wrote. Every type (each walk's
+  // x layout), 1, 3 and 8 rows, plain, SwiGLU and f32 logits without outputs; K = 28,672 at M = 8 (two launches
+  // of 4 rows: the norm's pointers are offset per launch).
+  using Catch::Contains;
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  std::uint32_t seed = test_seed("cuda::gguf_gemv pre-norm");
+  const float eps = 1e-5f;
+  struct Shape {
+    std::int64_t N, K;
+    int M;
+  };
+  for (DType t : kGemvTypes) {
+    const std::int64_t be = info(t).block_elems;
+    const std::int64_t k = be == 32 ? 576 : 9 * be;  // SmolLM2's width for the 32-value blocks
+    const Shape shapes[] = {{333, k, 1}, {333, k, 3}, {333, k, 8}, {37, 28672, 8}};
+    for (const Shape& sh : shapes) {
+      ++seed;
+      const std::int64_t N = sh.N, K = sh.K;
+      const int M = sh.M;
+      INFO("type " << name(t) << " M=" << M << " N=" << N << " K=" << K << " seed " << seed);
+      std::mt19937 rng(seed);
+      const auto blocks = test::random_tensor(t, static_cast<std::size_t>(N * K), rng);
+      const auto n = static_cast<std::size_t>(M * K);
+      std::normal_distribution<float> nd(0.0f, 2.0f), nw(1.0f, 0.3f);
+      std::vector<float> residual(n), weight(static_cast<std::size_t>(K));
+      for (auto& v : residual) v = nd(rng);
+      for (auto& v : weight) v = nw(rng);
+      const auto delta = random_bf16(n, rng);
+      std::vector<float> sum(n);
+      for (std::size_t i = 0; i < n; ++i) sum[i] = residual[i] + bf16_to_f32(delta[i]);
+
+      test::DeviceMem dw(blocks.size()), dres(n * 4), ddelta(n * 2), dnw(weight.size() * 4), dsum(n * 4), dxn(n * 2),
+          dref_sum(n * 4), dref_xn(n * 2), dy(static_cast<std::size_t>(M * N) * 4), dy2(static_cast<std::size_t>(M * N) * 4);
+      upload(dw.p, blocks);
+      upload(dres.p, residual);
+      upload(ddelta.p, delta);
+      upload(dnw.p, weight);
+      CUDA_REQUIRE(cudaMemset(dsum.p, 0xff, n * 4));
+      CUDA_REQUIRE(cudaMemset(dxn.p, 0xff, n * 2));
+      const kc::ResidualNorm norm{dres.as<float>(), ddelta.as<std::uint16_t>(), dnw.as<float>(), eps, dsum.as<float>(),
+                                  dxn.as<std::uint16_t>()};
+      kc::gguf_gemv(t, dw.p, norm, M, N, K, dy.as<std::uint16_t>(), stream);
+      // The standalone kernel on the same input.
+      kc::residual_norm({dres.as<float>(), ddelta.as<std::uint16_t>(), dnw.as<float>(), eps, dref_sum.as<float>(),
+                         dref_xn.as<std::uint16_t>()},
+                        M, K, stream);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      const auto got_sum = download<float>(dsum.p, n);
+      CHECK(std::memcmp(got_sum.data(), sum.data(), n * 4) == 0);
+      CHECK(download<float>(dres.p, n) == residual);  // the input is not written
+      const auto xn = download<std::uint16_t>(dxn.p, n), ref_xn = download<std::uint16_t>(dref_xn.p, n);
+      std::vector<float> cpu(n);
+      kernels::cpu::rms_norm(sum.data(), weight.data(), cpu.data(), M, K, eps);
+      int far = 0, differ = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        // One bf16 ulp of the value, from the inverse norm's rounding (rsqrtf, summation order).
+        const float ulp = std::ldexp(std::fabs(cpu[i]), -7) + 1e-30f;
+        if (!(std::fabs(bf16_to_f32(xn[i]) - cpu[i]) <= ulp) && ++far <= 5)
+          FAIL_CHECK("x[" << i << "] = " << bf16_to_f32(xn[i]) << ", the CPU's norm " << cpu[i]);
+        const int d = static_cast<int>(xn[i]) - static_cast<int>(ref_xn[i]);
+        if (d != 0) ++differ;
+        if (d < -1 || d > 1) FAIL_CHECK("x[" << i << "] bits " << xn[i] << ", the norm kernel's " << ref_xn[i]);
+      }
+      CHECK(far == 0);
+      std::printf("  %s M=%d K=%lld: %d of %zu x values an ulp from the norm kernel's\n", name(t).data(), M,
+                  static_cast<long long>(K), differ, n);
+      // y: the plain GEMV's bits on the x written.
+      const auto y = download<std::uint16_t>(dy.p, static_cast<std::size_t>(M * N));
+      kc::gguf_gemv(t, dw.p, dxn.as<std::uint16_t>(), M, N, K, dy2.as<std::uint16_t>(), stream);
+      CUDA_REQUIRE(cudaStreamSynchronize(stream));
+      CHECK(download<std::uint16_t>(dy2.p, static_cast<std::size_t>(M * N)) == y);
+      const Reference r = q8_reference(t, blocks, to_f32(xn), M, N, K);
+      check_close(to_f32(y), r.y, r.abs_y, K, std::ldexp(1.0, -8), 8.0);
+
+      // SwiGLU on [gate; up] (N rows, N / 2 outputs) and f32 logits, neither writing r nor x.
+      if (K != 28672) {
+        const std::int64_t I = N / 2;  // the weight's first 2I rows as [gate; up]
+        kc::ResidualNorm bare = norm;
+        bare.residual_out = nullptr;
+        bare.normed_out = nullptr;
+        CUDA_REQUIRE(cudaMemset(dsum.p, 0xff, n * 4));
+        kc::gguf_gemv_swiglu(t, dw.p, bare, M, I, K, dy.as<std::uint16_t>(), stream);
+        kc::gguf_gemv_swiglu(t, dw.p, dxn.as<std::uint16_t>(), M, I, K, dy2.as<std::uint16_t>(), stream);
+        CUDA_REQUIRE(cudaStreamSynchronize(stream));
+        CHECK(download<std::uint16_t>(dy.p, static_cast<std::size_t>(M * I)) ==
+              download<std::uint16_t>(dy2.p, static_cast<std::size_t>(M * I)));
+        kc::gguf_gemv(t, dw.p, bare, M, N, K, dy.as<float>(), stream);
+        kc::gguf_gemv(t, dw.p, dxn.as<std::uint16_t>(), M, N, K, dy2.as<float>(), stream);
+        CUDA_REQUIRE(cudaStreamSynchronize(stream));
+        CHECK(download<float>(dy.p, static_cast<std::size_t>(M * N)) ==
+              download<float>(dy2.p, static_cast<std::size_t>(M * N)));
+        const auto untouched = download<std::uint32_t>(dsum.p, n);
+        CHECK(std::all_of(untouched.begin(), untouched.end(), [](std::uint32_t v) { return v == 0xffffffffu; }));
+      }
+    }
+  }
+  // Refused, not miscomputed: r written over the residual other CTAs read; misaligned operands; no weight.
+  test::DeviceMem d(1 << 16);
+  kc::ResidualNorm in_place{d.as<float>(), nullptr, d.as<float>(), eps, d.as<float>(), nullptr};
+  CHECK_THROWS_WITH(kc::gguf_gemv(DType::q4_0, d.p, in_place, 1, 4, 64, d.as<std::uint16_t>(), stream),
+                    Contains("another buffer"));
+  kc::ResidualNorm odd{d.as<float>() + 1, nullptr, d.as<float>(), eps, nullptr, nullptr};
+  CHECK_THROWS_WITH(kc::gguf_gemv(DType::q4_0, d.p, odd, 1, 4, 64, d.as<std::uint16_t>(), stream),
+                    Contains("16-byte aligned"));
+  CHECK_THROWS_AS(kc::gguf_gemv(DType::q4_0, d.p, kc::ResidualNorm{}, 1, 4, 64, d.as<std::uint16_t>(), stream),
+                  InvalidArgument);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cuda][.bench][gemm_bench]") {
   // Which path wins where: the integer GEMV (M <= 8), the int8 MMA (gguf_mmq, any M <= 64) and dequantize +
   // bf16 GEMM (gguf_gemm), per layer and block type; each with enough copies of the weight to defeat the L2.
@@ -848,6 +962,45 @@ TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cud
                            out.as<std::uint16_t>(), stream);
     });
     std::printf("add_bf16_rmsnorm, 1 x 4096, in a graph: %.2f us a kernel\n", ms * 1e3);
+  }
+  {
+    // The pre-norm in the GEMV's prologue against the norm kernel before the GEMV, one row, in a graph: SmolLM2's
+    // qkv and gate_up (Q4_1, K = 576) and Llama-3-8B's (Q4_K, K = 4096).
+    struct Fused {
+      const char* name;
+      DType t;
+      std::int64_t N, K;
+      bool swiglu;
+    };
+    const Fused cases[] = {{"smollm2 qkv", DType::q4_1, 960, 576, false},
+                           {"smollm2 gate_up", DType::q4_1, 3072, 576, true},
+                           {"8b qkv", DType::q4_k, 6144, 4096, false},
+                           {"8b gate_up", DType::q4_k, 28672, 4096, true}};
+    for (const Fused& f : cases) {
+      const std::size_t bytes = *row_bytes(f.t, static_cast<std::uint64_t>(f.N * f.K));
+      const int copies = static_cast<int>(std::max<std::size_t>(2, (400u << 20) / bytes));
+      const auto K = static_cast<std::size_t>(f.K);
+      test::DeviceMem w(bytes * static_cast<std::size_t>(copies)), res(2 * K * 4), delta(K * 2), wn(K * 4), xn(K * 2),
+          y(static_cast<std::size_t>(f.N) * 2);
+      CUDA_REQUIRE(cudaMemset(w.p, 0x11, bytes * static_cast<std::size_t>(copies)));
+      CUDA_REQUIRE(cudaMemset(res.p, 0, 2 * K * 4));
+      CUDA_REQUIRE(cudaMemset(delta.p, 0, K * 2));
+      CUDA_REQUIRE(cudaMemset(wn.p, 0, K * 4));
+      const auto wi = [&](int i) { return w.as<std::byte>(bytes * static_cast<std::size_t>(i)); };
+      const kc::ResidualNorm norm{res.as<float>(), delta.as<std::uint16_t>(), wn.as<float>(), 1e-5f,
+                                  res.as<float>() + K, xn.as<std::uint16_t>()};
+      const double apart = graph_median_ms(copies, stream, [&](int i) {
+        kc::residual_norm(norm, 1, f.K, stream);
+        if (f.swiglu) kc::gguf_gemv_swiglu(f.t, wi(i), xn.as<std::uint16_t>(), 1, f.N / 2, f.K, y.as<std::uint16_t>(), stream);
+        else kc::gguf_gemv(f.t, wi(i), xn.as<std::uint16_t>(), 1, f.N, f.K, y.as<std::uint16_t>(), stream);
+      });
+      const double fused = graph_median_ms(copies, stream, [&](int i) {
+        if (f.swiglu) kc::gguf_gemv_swiglu(f.t, wi(i), norm, 1, f.N / 2, f.K, y.as<std::uint16_t>(), stream);
+        else kc::gguf_gemv(f.t, wi(i), norm, 1, f.N, f.K, y.as<std::uint16_t>(), stream);
+      });
+      std::printf("pre-norm %-15s %s M=1, in a graph: norm kernel + gemv %7.2f us, gemv with the norm %7.2f us\n",
+                  f.name, std::string(name(f.t)).c_str(), apart * 1e3, fused * 1e3);
+    }
   }
   for (DType t : {DType::q4_k, DType::q6_k, DType::q8_0, DType::q4_0}) {
     for (const Layer& l : layers) {

@@ -203,6 +203,19 @@ TEST_CASE("cuda::add_rmsnorm and add_bf16_rmsnorm match cpu::add + cpu::rms_norm
     const auto got_b = d_out_b.get(n);
     count_bad("rmsnorm (bf16 delta)", n, [&](std::size_t i) { return bf16_to_f32(got_b[i]); }, ref,
               [&](std::size_t i) { return (kBf16Half + slack * (1.0f + kBf16Half)) * std::fabs(ref[i]); });
+
+    // Out of place (residual_norm, the decoder's ping-pong residual): the input stays as it was, the sum goes to
+    // residual_out, and x is the in-place kernel's bits.
+    Dev<float> d_res_c(residual_before, c.pad);
+    auto d_sum = Dev<float>::poisoned(n, c.pad);
+    auto d_out_c = Dev<std::uint16_t>::poisoned(n, c.pad);
+    kc::residual_norm({d_res_c.ptr(), d_delta_b.ptr(), d_w.ptr(), eps, d_sum.ptr(), d_out_c.ptr()}, c.rows, c.dim,
+                      nullptr);
+    device_sync();
+    const auto kept = d_res_c.get(n), sum = d_sum.get(n);
+    CHECK(std::memcmp(kept.data(), residual_before.data(), n * 4) == 0);
+    CHECK(std::memcmp(sum.data(), residual_b.data(), n * 4) == 0);
+    CHECK(d_out_c.get(n) == got_b);
   }
   CHECK_THROWS_AS(kc::add_bf16_rmsnorm(nullptr, nullptr, nullptr, 2, 8, eps, nullptr, nullptr), InvalidArgument);
   CHECK_THROWS_AS(kc::add_rmsnorm(nullptr, nullptr, nullptr, 2, 8, eps, nullptr, nullptr), InvalidArgument);

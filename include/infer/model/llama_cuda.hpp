@@ -235,7 +235,7 @@ class LlamaModel<cuda, Q, Attn> {
       return static_cast<std::size_t>(rows * cols) * elem;
     };
     const std::int64_t H = c.hidden_size, qkv = c.q_size() + 2 * c.kv_size(), I = c.intermediate_size;
-    x_ = backend::cuda::DeviceBuffer(n(T, H, 4));
+    x_ = backend::cuda::DeviceBuffer(2 * n(T, H, 4));  // the residual stream and its other half (compute())
     xn_ = backend::cuda::DeviceBuffer(n(T, H, 2));
     qkv_ = backend::cuda::DeviceBuffer(n(T, qkv, 2));
     q_ = backend::cuda::DeviceBuffer(n(T, c.q_size(), 2));
@@ -352,23 +352,34 @@ class LlamaModel<cuda, Q, Attn> {
     const std::int64_t qkvw = qs + 2 * kvs;
     const float eps = c.rms_norm_eps;
     const StepMetadata meta = StepMetadata::at(meta_.data(), m);  // the device copy
+    // The residual stream moves between the two halves of x_ at each add: a pre-norm writes r = x + delta to the
+    // other half, so a kernel that computes the norm itself (prenorm_project) may have CTAs still reading x while
+    // others write r. The halves' order is the same in every step, so captured graphs replay it.
     float* x = x_.as<float>();
+    float* x_other = x + T * H;
     bf16 *xn = xn_.as<bf16>(), *qkv = qkv_.as<bf16>(), *q = q_.as<bf16>(), *att = att_.as<bf16>(), *o = o_.as<bf16>(),
          *gu = gu_.as<bf16>(), *act = act_.as<bf16>();
     CudaMatmulContext ctx{&gemm_, s, scratch_.as<bf16>(), scratch_.size() / 2};
     const auto rows = static_cast<std::int32_t>(T);
+    // The pre-norm of `norm_weight` on x with `delta` added (null: none), its r going to the other half.
+    auto prenorm = [&](const bf16* delta, const float* norm_weight) {
+      return kernels::cuda::ResidualNorm{x, delta, norm_weight, eps, delta ? x_other : nullptr, xn};
+    };
+    auto advance = [&](const kernels::cuda::ResidualNorm& n) {  // the stream is now where n wrote r
+      if (n.residual_out) std::swap(x, x_other);
+    };
 
     weights_.embed(meta.ids, T, H, x, s);
     // Each residual add is fused into the norm that follows it: the MLP's output of layer l is added by
-    // layer l + 1's first norm (or after the loop), the attention output by the MLP's norm.
+    // layer l + 1's first norm (or by the final one), the attention output by the MLP's norm.
     const bf16* pending = nullptr;
     const std::vector<Layer>& layers = weights_.layers();
     for (std::size_t l = 0; l < layers.size(); ++l) {
       const Layer& L = layers[l];
       const auto layer = static_cast<std::int32_t>(l);
-      if (pending) kernels::cuda::add_bf16_rmsnorm(x, pending, L.attn_norm, T, H, eps, xn, s);
-      else kernels::cuda::add_rmsnorm(x, nullptr, L.attn_norm, T, H, eps, xn, s);
-      project(ctx, L.qkv, xn, rows, qkv);
+      const kernels::cuda::ResidualNorm attn_in = prenorm(pending, L.attn_norm);
+      prenorm_project(ctx, L.qkv, attn_in, rows, qkv);
+      advance(attn_in);
       if (L.qkv_bias) kernels::cuda::add_bias(qkv, L.qkv_bias, T, qkvw, s);
       kernels::cuda::rope_write_kv(qkv, meta.pos, inv_freq_.as<float>(), T, static_cast<int>(c.num_heads),
                                    static_cast<int>(c.num_kv_heads), static_cast<int>(c.head_dim),
@@ -398,22 +409,31 @@ class LlamaModel<cuda, Q, Attn> {
       b.prefill_start = meta.starts;
       Attn::attend(cuda{}, b);
       Q::matmul(ctx, L.o, att, rows, o);
-      kernels::cuda::add_bf16_rmsnorm(x, o, L.ffn_norm, T, H, eps, xn, s);
-      if (!fused_swiglu(ctx, L.gate_up, xn, rows, act)) {
-        project(ctx, L.gate_up, xn, rows, gu);
-        kernels::cuda::swiglu(gu, T, I, act, s);
+      const kernels::cuda::ResidualNorm ffn_in = prenorm(o, L.ffn_norm);
+      if (!fused_swiglu_normed(ctx, L.gate_up, ffn_in, rows, act)) {
+        kernels::cuda::residual_norm(ffn_in, T, H, s);
+        if (!fused_swiglu(ctx, L.gate_up, xn, rows, act)) {
+          project(ctx, L.gate_up, xn, rows, gu);
+          kernels::cuda::swiglu(gu, T, I, act, s);
+        }
       }
+      advance(ffn_in);
       Q::matmul(ctx, L.down, act, rows, o);
       pending = o;
     }
+    if (sh.S == 0) return;
+    // Final norm and LM head on the sampled rows: in the head's GEMV where every row samples and the Quantizer
+    // takes the norm there (its residual is not written: nothing reads it after the head).
+    if (sh.identity_samples &&
+        weights_.logits_normed(ctx, {x, pending, weights_.output_norm(), eps, nullptr, nullptr}, sh.S,
+                               logits_.as<float>()))
+      return;
     if (pending) kernels::cuda::add(x, pending, T * H, s);
-    // Final norm and LM head on the sampled rows.
     const float* last = x;
     if (!sh.identity_samples) {
       kernels::cuda::gather_rows(x, meta.samples, sh.S, H, last_.as<float>(), s);
       last = last_.as<float>();
     }
-    if (sh.S == 0) return;
     kernels::cuda::add_rmsnorm(const_cast<float*>(last), nullptr, weights_.output_norm(), sh.S, H, eps, lastn_.as<bf16>(), s);
     weights_.logits(ctx, lastn_.as<bf16>(), sh.S, c.vocab_size, H, logits_.as<float>());
   }
@@ -429,14 +449,47 @@ class LlamaModel<cuda, Q, Attn> {
       return false;
   }
 
-  /// A stacked projection: one GEMM, or one per part with its output copied into its columns.
-  void project(CudaMatmulContext& ctx, const Projection& p, const bf16* x, std::int32_t rows, bf16* y) {
+  /// fused_swiglu with x as the pre-norm `n`, computed in the same kernel (`Q::matmul_swiglu_normed`); false
+  /// (nothing done) where the Quantizer has no such hook or it does not take this weight and batch.
+  bool fused_swiglu_normed(CudaMatmulContext& ctx, const Projection& p, const kernels::cuda::ResidualNorm& n,
+                           std::int32_t rows, bf16* act) {
+    if constexpr (requires(const linear& w) {
+                    { Q::matmul_swiglu_normed(ctx, w, n, rows, act) } -> std::same_as<bool>;
+                  })
+      return p.parts.size() == 1 && Q::matmul_swiglu_normed(ctx, p.parts.front(), n, rows, act);
+    else
+      return false;
+  }
+
+  /// y = the pre-norm n's x times p: the first part's matmul computes the norm itself where the Quantizer takes it
+  /// (`Q::matmul_normed`, which also leaves x in n.normed_out for the other parts); otherwise the norm kernel runs
+  /// first and every part reads its x.
+  void prenorm_project(CudaMatmulContext& ctx, const Projection& p, const kernels::cuda::ResidualNorm& n,
+                       std::int32_t rows, bf16* y) {
+    if constexpr (requires(const linear& w) {
+                    { Q::matmul_normed(ctx, w, n, rows, y, std::int64_t{}) } -> std::same_as<bool>;
+                  }) {
+      if (Q::matmul_normed(ctx, p.parts.front(), n, rows, y, p.parts.size() == 1 ? 0 : p.out)) {
+        project(ctx, p, n.normed_out, rows, y, 1);
+        return;
+      }
+    }
+    kernels::cuda::residual_norm(n, rows, config_.hidden_size, stream_.handle());
+    project(ctx, p, n.normed_out, rows, y);
+  }
+
+  /// A stacked projection: one GEMM, or one per part with its output copied into its columns; parts before
+  /// `first` are skipped (already in y).
+  void project(CudaMatmulContext& ctx, const Projection& p, const bf16* x, std::int32_t rows, bf16* y,
+               std::size_t first = 0) {
     if (p.parts.size() == 1) {
-      Q::matmul(ctx, p.parts[0], x, rows, y);
+      if (first == 0) Q::matmul(ctx, p.parts[0], x, rows, y);
       return;
     }
     std::int64_t col = 0;
-    for (const auto& w : p.parts) {
+    for (std::size_t i = 0; i < first; ++i) col += p.parts[i].out();
+    for (std::size_t i = first; i < p.parts.size(); ++i) {
+      const linear& w = p.parts[i];
       if constexpr (requires { { Q::matmul_into(ctx, w, x, rows, y, p.out) } -> std::same_as<bool>; }) {
         if (Q::matmul_into(ctx, w, x, rows, y + col, p.out)) {  // written into its columns directly
           col += w.out();

@@ -90,6 +90,14 @@ class LlamaCudaWeights {
     if constexpr (kTables) Q::logits(ctx, head_table_, x, rows, y);
     else kernels::cuda::bf16_logits(*ctx.gemm, lm_head_, x, rows, V, H, y, ctx.stream);
   }
+  /// logits with x given as the final norm `x` (kernels::cuda::ResidualNorm), computed inside the head's matmul
+  /// where the Quantizer's `logits_normed` hook takes it: true then; false, having done nothing, otherwise.
+  bool logits_normed(CudaMatmulContext& ctx, const kernels::cuda::ResidualNorm& x, std::int32_t rows, float* y) const {
+    if constexpr (kTables && requires { { Q::logits_normed(ctx, head_table_, x, rows, y) } -> std::same_as<bool>; })
+      return Q::logits_normed(ctx, head_table_, x, rows, y);
+    else
+      return false;
+  }
   [[nodiscard]] const float* output_norm() const noexcept { return output_norm_; }
   [[nodiscard]] const std::vector<Layer>& layers() const noexcept { return layers_; }
   /// The widest unstacked projection's output (0: every projection is stacked): the model's split buffer.

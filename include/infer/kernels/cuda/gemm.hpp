@@ -153,6 +153,24 @@ void gguf_gemv(DType type, const void* w_blocks, const std::uint16_t* x_bf16, in
 void gguf_gemv_swiglu(DType type, const void* w_gate_up, const std::uint16_t* x_bf16, int M, std::int64_t I,
                       std::int64_t K, std::uint16_t* y_bf16, void* stream);
 
+/// gguf_gemv and gguf_gemv_swiglu with x given as the decoder's pre-norm (ops.hpp's ResidualNorm over M rows of
+/// K) instead of bf16 values: the kernel computes x = bf16(r · rsqrt(mean(r²) + eps) · weight), r = residual +
+/// delta, in its prologue (the same rounding as add_bf16_rmsnorm; the sum of squares in another order, so x may
+/// differ from that kernel's by an ulp where the norm's inverse rounds differently), multiplies it as gguf_gemv
+/// does, and writes r to x.residual_out and x to x.normed_out where they are given (for the residual stream and for
+/// other projections of the same x). The decode step's norm kernel disappears. residual_out must not be
+/// x.residual (InvalidArgument: the CTAs read one while others write the other); every pointer of x 16-byte
+/// aligned. Otherwise as gguf_gemv.
+void gguf_gemv(DType type, const void* w_blocks, const ResidualNorm& x, int M, std::int64_t N, std::int64_t K,
+               std::uint16_t* y_bf16, void* stream, std::int64_t ldy = 0);
+void gguf_gemv(DType type, const void* w_blocks, const ResidualNorm& x, int M, std::int64_t N, std::int64_t K,
+               float* y_f32, void* stream, std::int64_t ldy = 0);
+void gguf_gemv_swiglu(DType type, const void* w_gate_up, const ResidualNorm& x, int M, std::int64_t I, std::int64_t K,
+                      std::uint16_t* y_bf16, void* stream);
+/// Whether the decoder folds its pre-norms into the GGUF GEMV (the ResidualNorm overloads above): yes unless
+/// INFER_GGUF_GEMV_NORM=0 (read once; a switch for A/B runs in one build).
+[[nodiscard]] bool gguf_gemv_fuses_norm();
+
 /// The largest M `gguf_mmq` accepts.
 inline constexpr int kMmqMaxRows = 64;
 /// The rows up to which the decoder multiplies GGUF blocks by `gguf_mmq` (above kGemvMaxRows), dequantize + bf16

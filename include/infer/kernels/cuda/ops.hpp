@@ -37,6 +37,27 @@ void add_rmsnorm(float* residual, const float* delta, const float* weight, std::
 void add_bf16_rmsnorm(float* residual, const std::uint16_t* delta_bf16, const float* weight, std::int64_t rows,
                       std::int64_t dim, float eps, std::uint16_t* out_bf16, void* stream);
 
+/// A decoder layer's pre-norm as a value: x = bf16(r · rsqrt(mean(r²) + eps) · weight) per row, r = residual +
+/// f32(delta), and where its results go. add_bf16_rmsnorm computes it in place; given out of place, a kernel that
+/// reads x can compute it in its own prologue (gguf_gemv, gemm.hpp) and save the decode step a kernel, while
+/// `residual_norm` below is the same thing standalone. Pointers are device memory, rows `dim` values apart;
+/// residual, residual_out and normed_out 16-byte aligned for the fused kernels.
+struct ResidualNorm {
+  const float* residual = nullptr;       ///< [rows][dim] f32, read
+  const std::uint16_t* delta = nullptr;  ///< [rows][dim] bf16 added to the residual; null: nothing added
+  const float* weight = nullptr;         ///< [dim] f32, the norm's weight
+  float eps = 1e-6f;
+  /// [rows][dim]: residual + delta. Null: not written (no delta, or a last norm whose residual nobody reads). A
+  /// fused kernel needs it apart from `residual` (its CTAs read the residual while others write); the standalone
+  /// kernel also takes it equal (in place).
+  float* residual_out = nullptr;
+  std::uint16_t* normed_out = nullptr;  ///< [rows][dim] bf16 x; null: not written (the fused kernels only)
+};
+
+/// The standalone ResidualNorm: what add_bf16_rmsnorm computes, with the residual's sum written to
+/// n.residual_out (which may equal n.residual) and x to n.normed_out (required).
+void residual_norm(const ResidualNorm& n, std::int64_t rows, std::int64_t dim, void* stream);
+
 /// RoPE on the fused QKV projection output and the KV-cache write, for T tokens.
 /// `qkv_bf16` is [T][(nq + 2 * nkv) * hd]: q heads, then k heads, then v heads. q and k are rotated in
 /// place (k is also left rotated in `qkv_bf16`, so a prefill attention kernel may read it from there);
