@@ -76,5 +76,9 @@ wait $tests
 stamp "[cuda] suite: status $?; $(tail -n 2 "$OUT/test-cuda.log" | tr '\n' ' ')"
 bash bench/gpu_suite.sh peer-decode >"$OUT/peer-decode.log" 2>&1
 stamp "peer-decode: status $?"
-bash bench/gpu_suite.sh peer-profile >"$OUT/peer-profile.log" 2>&1
-stamp "peer-profile: status $?"
+# AFTER: the gpu_suite.sh modes run after peer-decode (default: the ncu profile, peer-profile), e.g.
+# AFTER="early-ab" for issue 16's A/B in the same session.
+for mode in ${AFTER-peer-profile}; do
+  bash bench/gpu_suite.sh "$mode" >"$OUT/$mode.log" 2>&1
+  stamp "$mode: status $?"
+done
