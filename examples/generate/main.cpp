@@ -17,6 +17,10 @@
 //                                                          the prompts split into N contiguous chunks, the
 //                                                          results gathered at rank 0 and printed there in
 //                                                          prompt order with one summary (needs a build with MPI)
+//   mpirun -np N infer-generate --tensor-parallel-size N ...
+//                                                          one model split over N ranks (Megatron-LM's split:
+//                                                          heads, MLP and vocabulary), every rank running every
+//                                                          request, rank 0 printing (CPU backend in this version)
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -30,6 +34,7 @@
 #include <vector>
 
 #include "data_parallel_job.hpp"
+#include "tensor_parallel_job.hpp"
 #include "infer/engine/llm.hpp"
 #include "program_flags.hpp"
 
@@ -196,11 +201,28 @@ int main(int argc, char** argv) {
   app.add_flag("--data-parallel", data_parallel,
                "under mpirun -np N: one engine per rank (the local rank's GPU), the prompts split across the ranks, "
                "the results printed by rank 0 in prompt order");
+  int tp_size = 1;
+  app.add_option("--tensor-parallel-size", tp_size,
+                 "under mpirun -np N: the model split over N ranks, each holding 1/N of its heads, MLP and vocabulary "
+                 "(cpu backend), rank 0 printing")
+      ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
+  if (data_parallel && tp_size > 1) {
+    fmt::print(stderr, "infer-generate: give --data-parallel or --tensor-parallel-size, not both\n");
+    return 2;
+  }
   // MPI starts before anything touches CUDA, so that each rank sees only its own GPU.
   infer::programs::DataParallelJob job("infer-generate", data_parallel);
   if (!job.ok()) return 2;
-  const int rank = job.rank();
+  infer::programs::TensorParallelJob tp("infer-generate", tp_size);
+  if (!tp.ok()) return tp.fail(2);
+  spec.tensor_parallel = tp.group();
+  const int rank = job.rank() + tp.rank();  // one of them is 0
+  const auto fail = [&](int code) { return tp.group() ? tp.fail(code) : job.fail(code); };
+  const auto who = [&] { return tp.group() ? tp.who() : job.who(); };
+  // Every tensor-parallel rank must sample the same tokens: unseeded requests take seeds from rank 0's.
+  const bool derive_seeds = tp.group() != nullptr && !seed;
+  const std::uint64_t tp_seed = derive_seeds ? tp.common_seed() : 0;
   sp.seed = seed;
   opt.engine_options.enable_prefix_caching = !no_prefix_caching;
 
@@ -218,13 +240,17 @@ int main(int argc, char** argv) {
     }
     if (prompts.empty()) {
       fmt::print(stderr, "infer-generate: no prompts: give them as arguments or with --prompts FILE\n");
-      return job.fail(2);
+      return fail(2);
     }
     const infer::dist::ItemRange mine = job.share(prompts.size());
     sp.validate();
     if (job.parallel()) {  // one progress bar (rank 0's share) and one summary (the job's, below) for the job
       opt.progress = rank == 0;
       opt.summary = false;
+    }
+    if (tp.group()) {  // every rank runs the whole job; rank 0 speaks for it
+      opt.progress = opt.progress && rank == 0;
+      opt.summary = opt.summary && rank == 0;
     }
     infer::LLM llm(spec, opt);
     if (!trace_file.empty()) llm.set_step_observer(infer::JsonlTraceWriter(std::filesystem::path(trace_file)));
@@ -236,6 +262,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = mine.begin; i < mine.end; ++i) {  // this rank's prompts (all of them without DP)
       const Prompt& p = prompts[i];
       params.push_back(sp);
+      if (derive_seeds) params.back().seed = tp_seed + i;
       params.back().priority = p.priority;
       params.back().tag = p.tag;
       if (p.messages.empty()) {
@@ -266,6 +293,7 @@ int main(int argc, char** argv) {
                                     {"ttft_ms", r.metrics.ttft_s() * 1e3},
                                     {"latency_ms", r.metrics.latency_s() * 1e3}}}});
     }
+    if (tp.group() && rank != 0) return 0;  // rank 0 prints the job's results
     const auto st = llm.stats();
     json run{{"rank", rank}, {"prompts", {mine.begin, mine.end}}, {"summary", summary_json(sum)},
              {"kv_cache", {{"at_peak", kv_json(sum.kv_at_peak)},
@@ -323,10 +351,10 @@ int main(int argc, char** argv) {
     fmt::print("{}\n", doc.dump(1));
     return 0;
   } catch (const infer::Error& e) {
-    fmt::print(stderr, "infer-generate: {}{} error: {}\n", job.who(), infer::to_string(e.code()), e.what());
-    return job.fail(1);
+    fmt::print(stderr, "infer-generate: {}{} error: {}\n", who(), infer::to_string(e.code()), e.what());
+    return fail(1);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "infer-generate: {}error: {}\n", job.who(), e.what());
-    return job.fail(1);
+    fmt::print(stderr, "infer-generate: {}error: {}\n", who(), e.what());
+    return fail(1);
   }
 }

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <charconv>
+#include <deque>
+#include <mutex>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +15,7 @@
 
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
+#include "infer/dist/communicator.hpp"
 #include "infer/io/engine_file.hpp"
 #include "infer/io/gguf.hpp"
 #include "infer/io/safetensors.hpp"
@@ -152,6 +155,121 @@ struct ModelSource::Impl {
     return WeightTensor{std::move(name), DType::bf16, std::move(shape), {}, fill};
   }
 
+  /// A shard's (ModelSource::shard): the whole model's source, the group and this rank's place in it, and the
+  /// column slices it has copied (alive as long as the shard).
+  std::unique_ptr<const Impl> base;
+  dist::Group* group = nullptr;
+  TensorParallel tp;
+  mutable std::mutex owned_mutex;
+  mutable std::deque<std::vector<std::byte>> owned;
+
+  /// The source that holds the files: this one, or a shard's whole model.
+  [[nodiscard]] const Impl& root() const noexcept { return base ? *base : *this; }
+
+  [[nodiscard]] std::string describe() const {
+    if (base) return cat(base->describe(), " (tensor-parallel rank ", tp.rank, " of ", tp.size, ")");
+    if (dummy_seed) return cat("dummy model '", dummy_label, "'");
+    if (engine) return cat("engine file '", path.string(), "'");
+    return cat(gguf ? "GGUF '" : "safetensors folder '", path.string(), "'");
+  }
+
+  /// The whole model's tensor for role r (file name `fname`), or nullopt. Not for a shard.
+  [[nodiscard]] std::optional<WeightTensor> find_whole(const Role& r, const std::string& fname) const {
+    if (engine)
+      throw UnsupportedError(cat(describe(), " holds an engine's weights in its runtime layout, not tensors by role; ",
+                                 "load it with the engine it was built for"));
+    if (dummy_seed) return dummy_tensor(r, fname);
+    if (gguf) {
+      const gguf::TensorInfo* t = gguf->find_tensor(fname);
+      if (!t) return std::nullopt;
+      return WeightTensor{t->name, t->type, std::vector<std::uint64_t>(t->shape.rbegin(), t->shape.rend()), t->data,
+                          std::nullopt};
+    }
+    const safetensors::Tensor* t = checkpoint->find(fname);
+    if (!t) return std::nullopt;
+    return WeightTensor{t->name, t->dtype, t->shape, t->data, std::nullopt};
+  }
+
+  /// Rows [r0, r1) of t (a view; a dummy's slice of its fill).
+  [[nodiscard]] static WeightTensor slice_rows(WeightTensor t, std::uint64_t r0, std::uint64_t r1) {
+    const auto cols = t.shape.size() < 2 ? std::uint64_t{1} : static_cast<std::uint64_t>(t.cols());  // a bias: 1
+    if (t.dummy) {
+      t.dummy->row0 = r0;
+      t.dummy->col0 = 0;
+      t.dummy->full_cols = cols;
+    } else {
+      const std::uint64_t rb = row_bytes(t.type, cols).value_or(0);
+      if (rb == 0 || t.data.size() < r1 * rb)
+        throw FormatError(cat("tensor '", t.name, "' (", name(t.type), ", ", t.elements(), " values) has ", t.data.size(),
+                              " bytes, too few for its shape"));
+      t.data = t.data.subspan(r0 * rb, (r1 - r0) * rb);
+    }
+    t.shape[0] = r1 - r0;
+    return t;
+  }
+
+  /// Columns [c0, c1) of a 2-D t: copied (kept in `owned`), or a dummy's slice of its fill.
+  [[nodiscard]] WeightTensor slice_cols(WeightTensor t, std::uint64_t c0, std::uint64_t c1) const {
+    const auto rows = static_cast<std::uint64_t>(t.rows()), cols = static_cast<std::uint64_t>(t.cols());
+    if (t.dummy) {
+      t.dummy->row0 = 0;
+      t.dummy->col0 = c0;
+      t.dummy->full_cols = cols;
+      t.shape[1] = c1 - c0;
+      return t;
+    }
+    const auto be = static_cast<std::uint64_t>(info(t.type).block_elems);
+    if (c0 % be != 0 || c1 % be != 0)
+      throw UnsupportedError(cat("tensor '", t.name, "' (", name(t.type), ", blocks of ", be, " values): a ", tp.size,
+                                 "-way tensor-parallel split of its ", cols, " columns cuts blocks (rank ", tp.rank,
+                                 " takes columns ", c0, "..", c1, ")"));
+    const std::uint64_t rb = row_bytes(t.type, cols).value_or(0), off = row_bytes(t.type, c0).value_or(0),
+                        sb = row_bytes(t.type, c1 - c0).value_or(0);
+    if (rb == 0 || t.data.size() < rows * rb)
+      throw FormatError(cat("tensor '", t.name, "' (", name(t.type), ", ", t.elements(), " values) has ", t.data.size(),
+                            " bytes, too few for its shape"));
+    std::vector<std::byte> part(rows * sb);
+    for (std::uint64_t r = 0; r < rows; ++r) std::memcpy(part.data() + r * sb, t.data.data() + r * rb + off, sb);
+    {
+      const std::lock_guard lock(owned_mutex);
+      t.data = owned.emplace_back(std::move(part));
+    }
+    t.shape[1] = c1 - c0;
+    return t;
+  }
+
+  /// This rank's part of the whole model's tensor t for role r (see ModelSource::shard).
+  [[nodiscard]] WeightTensor shard_of(const Role& r, WeightTensor t) const {
+    const std::string_view n = r.name->canonical;
+    const auto size = static_cast<std::uint64_t>(tp.size), rank = static_cast<std::uint64_t>(tp.rank);
+    if (r.companion())
+      throw UnsupportedError(cat("tensor '", t.name, "': tensor parallelism does not split a quantized checkpoint's ",
+                                 r.suffix, " tensors"));
+    if (n == "attn_q" || n == "attn_k" || n == "attn_v" || n == "ffn_gate" || n == "ffn_up") {
+      const auto R = static_cast<std::uint64_t>(t.rows());
+      if (R % size != 0)
+        throw FormatError(cat("tensor '", t.name, "' has ", R, " rows, which ", size, " ranks cannot share evenly"));
+      return slice_rows(std::move(t), rank * R / size, (rank + 1) * R / size);
+    }
+    if (n == "attn_output" || n == "ffn_down") {
+      if (r.bias())
+        throw UnsupportedError(cat("tensor '", t.name, "': tensor parallelism does not split a bias of ", n,
+                                   " (each rank's product would add it)"));
+      if (t.shape.size() != 2) return t;  // the loader refuses its shape
+      const auto C = static_cast<std::uint64_t>(t.cols());
+      if (C % size != 0)
+        throw FormatError(cat("tensor '", t.name, "' has ", C, " columns, which ", size, " ranks cannot share evenly"));
+      return slice_cols(std::move(t), rank * C / size, (rank + 1) * C / size);
+    }
+    if (n == "token_embd" || n == "output") {
+      const std::int64_t V = root().config.vocab_size;
+      const auto first = static_cast<std::uint64_t>(tp.vocab_first(V));
+      if (static_cast<std::uint64_t>(t.rows()) != static_cast<std::uint64_t>(V)) return t;  // the loader refuses it
+      return slice_rows(std::move(t), first, first + static_cast<std::uint64_t>(tp.vocab_rows(V)));
+    }
+    return t;  // norms: every rank holds them whole
+  }
+
   [[nodiscard]] std::string name_of(const Role& r) const {
     if (gguf)
       return r.layer < 0 ? cat(r.name->canonical, ".", r.suffix) : cat("blk.", r.layer, ".", r.name->canonical, ".", r.suffix);
@@ -210,30 +328,50 @@ const ModelConfig& ModelSource::config() const noexcept { return impl_->config; 
 std::optional<WeightTensor> ModelSource::find(std::string_view role) const {
   const Role r = parse_role(role);
   if (r.layer < 0 && r.name->canonical == "output" && impl_->config.tie_word_embeddings) return std::nullopt;
-  const std::string fname = impl_->name_of(r);
-  if (impl_->engine)
-    throw UnsupportedError(cat(describe(), " holds an engine's weights in its runtime layout, not tensors by role; ",
-                               "load it with the engine it was built for"));
-  if (impl_->dummy_seed) return impl_->dummy_tensor(r, fname);
-  if (impl_->gguf) {
-    const gguf::TensorInfo* t = impl_->gguf->find_tensor(fname);
-    if (!t) return std::nullopt;
-    return WeightTensor{t->name, t->type, std::vector<std::uint64_t>(t->shape.rbegin(), t->shape.rend()), t->data, std::nullopt};
-  }
-  const safetensors::Tensor* t = impl_->checkpoint->find(fname);
-  if (!t) return std::nullopt;
-  return WeightTensor{t->name, t->dtype, t->shape, t->data, std::nullopt};
+  const Impl& whole = impl_->root();
+  auto t = whole.find_whole(r, whole.name_of(r));
+  if (!t || !impl_->base) return t;
+  return impl_->shard_of(r, std::move(*t));
 }
+
+ModelSource ModelSource::shard(ModelSource source, dist::Group& group) {
+  const int size = group.size(), rank = group.rank();
+  require<InvalidArgument>(size >= 1 && rank >= 0 && rank < size, "ModelSource::shard: rank ", rank, " of a group of ",
+                           size);
+  require<InvalidArgument>(!source.impl_->base, "ModelSource::shard: ", source.describe(), " is a shard already");
+  const Impl& whole = *source.impl_;
+  if (whole.engine)
+    throw UnsupportedError(cat(whole.describe(), ": tensor parallelism loads a model file (GGUF, safetensors) or a ",
+                               "dummy model, not an engine file"));
+  const ModelConfig& c = whole.config;
+  if (c.num_heads % size != 0 || c.num_kv_heads % size != 0 || c.intermediate_size % size != 0)
+    throw UnsupportedError(cat("tensor parallelism over ", size, " ranks needs ", size, " to divide the attention heads, ",
+                               "the KV heads and the MLP width; ", whole.describe(), " has ", c.num_heads,
+                               " attention heads, ", c.num_kv_heads, " KV heads and an MLP of ", c.intermediate_size));
+  auto impl = std::make_unique<Impl>();
+  impl->group = &group;
+  impl->tp = TensorParallel{rank, size};
+  impl->config = c;
+  impl->config.num_heads = c.num_heads / size;
+  impl->config.num_kv_heads = c.num_kv_heads / size;
+  impl->config.intermediate_size = c.intermediate_size / size;
+  impl->base = std::move(source.impl_);
+  return ModelSource(std::move(impl));
+}
+
+TensorParallel ModelSource::tensor_parallel() const noexcept { return impl_->tp; }
+
+dist::Group* ModelSource::group() const noexcept { return impl_->group; }
 
 WeightTensor ModelSource::get(std::string_view role) const {
   if (auto w = find(role)) return std::move(*w);
   const Role r = parse_role(role);
   const bool tied = r.layer < 0 && r.name->canonical == "output" && impl_->config.tie_word_embeddings;
-  throw NotFoundError(cat("weight '", role, "' (tensor '", impl_->name_of(r), "') is not in ", describe(),
+  throw NotFoundError(cat("weight '", role, "' (tensor '", impl_->root().name_of(r), "') is not in ", describe(),
                           tied ? " (the model ties its LM head to token_embd)" : ""));
 }
 
-std::string ModelSource::file_name(std::string_view role) const { return impl_->name_of(parse_role(role)); }
+std::string ModelSource::file_name(std::string_view role) const { return impl_->root().name_of(parse_role(role)); }
 
 namespace {
 
@@ -262,18 +400,19 @@ std::optional<ModelSource::KvScales> ModelSource::kv_cache_scales(std::int64_t l
   if (layer < 0 || layer >= impl_->config.num_layers)
     throw InvalidArgument(cat("ModelSource::kv_cache_scales: layer ", layer, " is out of range [0, ",
                               impl_->config.num_layers, ")"));
-  if (impl_->engine) {  // what the checkpoint it was built from shipped
-    const auto& scales = impl_->engine->info().kv_cache_scales;
+  const Impl& whole = impl_->root();
+  if (whole.engine) {  // what the checkpoint it was built from shipped
+    const auto& scales = whole.engine->info().kv_cache_scales;
     if (scales.empty()) return std::nullopt;
     return KvScales{scales[static_cast<std::size_t>(layer)].first, scales[static_cast<std::size_t>(layer)].second};
   }
-  if (!impl_->checkpoint) return std::nullopt;  // GGUF files and dummy models ship none
+  if (!whole.checkpoint) return std::nullopt;  // GGUF files and dummy models ship none
   const std::string attn = cat("model.layers.", layer, ".self_attn.");
   // ModelOpt puts them on the projections, compressed-tensors and vLLM on the attention module.
   for (const auto& [k_name, v_name] : {std::pair{attn + "k_proj.k_scale", attn + "v_proj.v_scale"},
                                        std::pair{attn + "k_scale", attn + "v_scale"}}) {
-    const safetensors::Tensor* k = impl_->checkpoint->find(k_name);
-    const safetensors::Tensor* v = impl_->checkpoint->find(v_name);
+    const safetensors::Tensor* k = whole.checkpoint->find(k_name);
+    const safetensors::Tensor* v = whole.checkpoint->find(v_name);
     if (!k && !v) continue;
     if (!k || !v)
       throw FormatError(cat(describe(), " has '", k ? k_name : v_name, "' but not '", k ? v_name : k_name,
@@ -283,18 +422,23 @@ std::optional<ModelSource::KvScales> ModelSource::kv_cache_scales(std::int64_t l
   return std::nullopt;
 }
 
-const Tokenizer* ModelSource::tokenizer() const noexcept { return impl_->tokenizer ? &*impl_->tokenizer : nullptr; }
-
-std::string ModelSource::describe() const {
-  if (impl_->dummy_seed) return cat("dummy model '", impl_->dummy_label, "'");
-  if (impl_->engine) return cat("engine file '", impl_->path.string(), "'");
-  return cat(impl_->gguf ? "GGUF '" : "safetensors folder '", impl_->path.string(), "'");
+const Tokenizer* ModelSource::tokenizer() const noexcept {
+  const Impl& whole = impl_->root();
+  return whole.tokenizer ? &*whole.tokenizer : nullptr;
 }
 
-const std::filesystem::path& ModelSource::path() const noexcept { return impl_->path; }
+std::string ModelSource::describe() const { return impl_->describe(); }
 
-const gguf::File* ModelSource::gguf_file() const noexcept { return impl_->gguf ? &*impl_->gguf : nullptr; }
+const std::filesystem::path& ModelSource::path() const noexcept { return impl_->root().path; }
 
-const EngineFile* ModelSource::engine_file() const noexcept { return impl_->engine ? &*impl_->engine : nullptr; }
+const gguf::File* ModelSource::gguf_file() const noexcept {
+  const Impl& whole = impl_->root();
+  return whole.gguf ? &*whole.gguf : nullptr;
+}
+
+const EngineFile* ModelSource::engine_file() const noexcept {
+  const Impl& whole = impl_->root();
+  return whole.engine ? &*whole.engine : nullptr;
+}
 
 }  // namespace infer

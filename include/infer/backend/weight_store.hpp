@@ -59,7 +59,8 @@ class CudaWeightStore {
     if (!live_) return;
     const std::size_t n = t.elements();
     if (t.dummy) {
-      kernels::cuda::fill_dummy_bf16(dst, n, t.dummy->seed, t.dummy->center, t.dummy->spread, stream_);
+      kernels::cuda::fill_dummy_bf16(dst, n, t.dummy->seed, t.dummy->center, t.dummy->spread, stream_,
+                                      {static_cast<std::uint64_t>(t.cols()), t.dummy->row0, t.dummy->col0, t.dummy->full_cols});
       return;
     }
     if (t.type == DType::bf16) {
@@ -89,7 +90,8 @@ class CudaWeightStore {
     if (!live_) return;
     const std::size_t n = t.elements();
     if (t.dummy) {
-      kernels::cuda::fill_dummy_f32(dst, n, t.dummy->seed, t.dummy->center, t.dummy->spread, stream_);
+      kernels::cuda::fill_dummy_f32(dst, n, t.dummy->seed, t.dummy->center, t.dummy->spread, stream_,
+                                      {static_cast<std::uint64_t>(t.cols()), t.dummy->row0, t.dummy->col0, t.dummy->full_cols});
       return;
     }
     if (staging_.size() < t.data.size()) {

@@ -51,4 +51,35 @@ class SingleRank {
 };
 static_assert(Communicator<SingleRank>);
 
+/// Any Communicator behind a virtual interface: what code compiled once for every group takes (the decoder's
+/// tensor-parallel collectives: the engines are compiled in kernels/, which does not link MPI, and a program
+/// hands them its Mpi as a Group). A call through it costs a virtual call next to a collective.
+class Group {
+ public:
+  virtual ~Group() = default;
+  [[nodiscard]] virtual int rank() const = 0;
+  [[nodiscard]] virtual int size() const = 0;
+  virtual void all_reduce_sum(std::span<float> values) = 0;
+  virtual void all_gather(std::span<const float> mine, std::span<float> all) = 0;
+  virtual void broadcast(std::span<std::byte> bytes, int root) = 0;
+  virtual void barrier() = 0;
+};
+static_assert(Communicator<Group>);
+
+/// A Group over a Communicator the caller keeps alive (`GroupOf<Mpi> group(mpi)`).
+template <Communicator C>
+class GroupOf final : public Group {
+ public:
+  explicit GroupOf(C& c) noexcept : c_(c) {}
+  [[nodiscard]] int rank() const override { return c_.rank(); }
+  [[nodiscard]] int size() const override { return c_.size(); }
+  void all_reduce_sum(std::span<float> values) override { c_.all_reduce_sum(values); }
+  void all_gather(std::span<const float> mine, std::span<float> all) override { c_.all_gather(mine, all); }
+  void broadcast(std::span<std::byte> bytes, int root) override { c_.broadcast(bytes, root); }
+  void barrier() override { c_.barrier(); }
+
+ private:
+  C& c_;
+};
+
 }  // namespace infer::dist

@@ -166,6 +166,9 @@ struct ModelSpec {
   std::uint64_t dummy_seed = 0;
   std::filesystem::path tokenizer{};
   std::string backend = "cpu";  ///< "cpu", "cuda" or "auto" (resolve_backend)
+  /// A tensor-parallel group this process is one rank of: open() gives its shard (ModelSource::shard). Null:
+  /// the whole model. The group must outlive the engines made from this spec.
+  dist::Group* tensor_parallel = nullptr;
 
   /// The model's name as clients see it by default.
   [[nodiscard]] std::string name() const { return dummy.empty() ? model.filename().string() : "dummy-" + dummy; }
@@ -183,6 +186,13 @@ struct ModelSpec {
   }
 
   [[nodiscard]] ModelSource open() const {
+    ModelSource whole = open_whole();
+    if (tensor_parallel == nullptr) return whole;
+    return ModelSource::shard(std::move(whole), *tensor_parallel);
+  }
+
+ private:
+  [[nodiscard]] ModelSource open_whole() const {
     if (dummy.empty()) return ModelSource::open(model);
     std::optional<Tokenizer> tok;
     if (tokenizer.extension() == ".json") {

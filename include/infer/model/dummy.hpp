@@ -32,6 +32,14 @@ INFER_HD float dummy_value(std::uint64_t seed, std::uint64_t i, float center, fl
   return center + spread * u;
 }
 
+/// The index in the whole tensor of element j of a slice of it, `cols` values a row (DummyFill's row0, col0 and
+/// full_cols; full_cols 0: j itself).
+INFER_HD std::uint64_t dummy_index(std::uint64_t j, std::uint64_t cols, std::uint64_t row0, std::uint64_t col0,
+                                   std::uint64_t full_cols) {
+  if (full_cols == 0) return j;
+  return (row0 + j / cols) * full_cols + col0 + j % cols;
+}
+
 /// The names `dummy_preset` knows, for messages and --help.
 inline constexpr std::string_view kDummyPresets = "llama3-8b, qwen2.5-7b, smollm2-135m";
 

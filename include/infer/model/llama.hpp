@@ -15,6 +15,14 @@
 ///
 /// Scratch buffers live in the model and grow to the largest step seen, so a steady-state step
 /// allocates nothing. A model is therefore not safe to call from two threads at once.
+///
+/// Tensor parallelism (CPU): loaded from a shard (ModelSource::shard), a rank holds its heads, its share of the
+/// MLP and its rows of the vocabulary, and its config() says so (the KV cache the engine sizes from it holds the
+/// rank's KV heads). The ranks' o and down products are summed by an all-reduce before each residual add, the
+/// embedding rows by one after the lookup (a rank adds the rows of its vocabulary, zeros elsewhere: exact), and
+/// the LM head's logits all-gathered, so every rank ends each step with the same logits and samples the same
+/// tokens. Every rank's engine runs the same schedule from the same requests; each step checks that against rank
+/// 0's (a fingerprint of the step's chunks) and throws DistributedError on every rank if one differs.
 
 #include <algorithm>
 #include <cmath>
@@ -31,6 +39,7 @@
 #include "infer/core/backend.hpp"
 #include "infer/core/error.hpp"
 #include "infer/core/fp8.hpp"
+#include "infer/dist/communicator.hpp"
 #include "infer/kernels/cpu_ops.hpp"
 #include "infer/model/forward_batch.hpp"
 #include "infer/model/forward_check.hpp"
@@ -65,7 +74,10 @@ class LlamaModel<cpu, Q, Attn> {
       if constexpr (EngineFileWeights<Q, cpu>) return LlamaModel(src.config(), restore_llama_weights<Q>(*file));
       else throw UnsupportedError(detail::cat("quantizer ", Q::name, " cannot load engine files (its linear layers do not list their parts)"));
     }
-    return LlamaModel(src.config(), load_llama_weights<Q, cpu>(src));
+    LlamaModel m(src.config(), load_llama_weights<Q, cpu>(src));
+    m.group_ = src.group();
+    m.tp_ = src.tensor_parallel();
+    return m;
   }
 
   /// Adds the weights to an engine file being written; `out.write()` must run while this model lives.
@@ -103,22 +115,29 @@ class LlamaModel<cpu, Q, Attn> {
     const std::int64_t H = config_.hidden_size, qs = config_.q_size(), kvs = config_.kv_size();
     const std::int64_t inter = config_.intermediate_size, V = config_.vocab_size;
     grow(T);
+    if (group_) check_same_step(chunks);
 
     // Embedding rows and positions, in chunk order.
     std::int64_t row = 0, samples = 0;
     for (const auto& c : chunks) {
       for (std::size_t i = 0; i < c.tokens.size(); ++i, ++row) {
         float* dst = &x_[static_cast<std::size_t>(row * H)];
-        if constexpr (EmbeddingQuantizer<Q, cpu>) {
-          Q::embed(w_.token_embd, c.tokens[i], dst);
+        // A tensor-parallel rank holds rows [first, first + held) of the vocabulary: others are zeros here, and the
+        // all-reduce below brings each row from its rank.
+        const std::int64_t id = c.tokens[i] - tp_.vocab_first(V);
+        if (id < 0 || id >= tp_.vocab_rows(V)) {
+          std::fill(dst, dst + H, 0.0f);
+        } else if constexpr (EmbeddingQuantizer<Q, cpu>) {
+          Q::embed(w_.token_embd, static_cast<std::int32_t>(id), dst);
         } else {
-          std::memcpy(dst, w_.token_embd.data() + static_cast<std::size_t>(c.tokens[i]) * static_cast<std::size_t>(H),
+          std::memcpy(dst, w_.token_embd.data() + static_cast<std::size_t>(id) * static_cast<std::size_t>(H),
                       static_cast<std::size_t>(H) * sizeof(float));
         }
         pos_[static_cast<std::size_t>(row)] = c.start + static_cast<std::int32_t>(i);
       }
       if (c.samples) sample_rows_[static_cast<std::size_t>(samples++)] = static_cast<std::int32_t>(row - 1);
     }
+    sum_over_ranks(x_.data(), T * H);
     kernels::cpu::rope_table(pos_.data(), T, inv_freq_.data(), config_.head_dim / 2, cos_sin_.data());
 
     const auto rows = static_cast<std::int32_t>(T);
@@ -147,6 +166,7 @@ class LlamaModel<cpu, Q, Attn> {
         attend_layer<float>(chunks, cache, layer);
       }
       Q::matmul(cpu{}, L.o, att_.data(), rows, tmp_.data());
+      sum_over_ranks(tmp_.data(), T * H);
       kernels::cpu::add(x_.data(), tmp_.data(), static_cast<std::size_t>(T * H));
 
       // ---- MLP
@@ -155,6 +175,7 @@ class LlamaModel<cpu, Q, Attn> {
       Q::matmul(cpu{}, L.up, xn_.data(), rows, up_.data());
       kernels::cpu::swiglu(gate_.data(), up_.data(), static_cast<std::size_t>(T * inter));
       Q::matmul(cpu{}, L.down, gate_.data(), rows, tmp_.data());
+      sum_over_ranks(tmp_.data(), T * H);
       kernels::cpu::add(x_.data(), tmp_.data(), static_cast<std::size_t>(T * H));
     }
 
@@ -167,11 +188,62 @@ class LlamaModel<cpu, Q, Attn> {
       std::memcpy(&last_[static_cast<std::size_t>(s * H)], &x_[static_cast<std::size_t>(sample_rows_[s] * H)],
                   static_cast<std::size_t>(H) * sizeof(float));
     kernels::cpu::rms_norm(last_.data(), w_.output_norm.data(), last_.data(), samples, H, config_.rms_norm_eps);
-    const auto srows = static_cast<std::int32_t>(samples);
-    Q::matmul(cpu{}, w_.lm_head(), last_.data(), srows, logits.data());
+    head_logits(last_.data(), samples, logits.data());
   }
 
  private:
+  /// The ranks' partial products summed in place (nothing without a tensor-parallel group).
+  void sum_over_ranks(float* data, std::int64_t n) {
+    if (group_) group_->all_reduce_sum(std::span<float>(data, static_cast<std::size_t>(n)));
+  }
+
+  /// logits [n][vocab] of n final hidden states (normed): the LM head, then, over a tensor-parallel group, every
+  /// rank's block of the vocabulary gathered (TensorParallel::vocab_block columns a rank, padded on the last).
+  void head_logits(const float* hidden, std::int64_t n, float* logits) {
+    const auto rows = static_cast<std::int32_t>(n);
+    if (!group_) {
+      Q::matmul(cpu{}, w_.lm_head(), hidden, rows, logits);
+      return;
+    }
+    const std::int64_t V = config_.vocab_size, held = tp_.vocab_rows(V), block = tp_.vocab_block(V);
+    const auto nb = static_cast<std::size_t>(n * block);
+    head_part_.resize(static_cast<std::size_t>(n * held));
+    head_block_.assign(nb, 0.0f);
+    if (held > 0) Q::matmul(cpu{}, w_.lm_head(), hidden, rows, head_part_.data());
+    for (std::int64_t r = 0; r < n; ++r)
+      std::copy_n(&head_part_[static_cast<std::size_t>(r * held)], held, &head_block_[static_cast<std::size_t>(r * block)]);
+    head_gathered_.resize(nb * static_cast<std::size_t>(tp_.size));
+    group_->all_gather(head_block_, head_gathered_);
+    for (int k = 0; k < tp_.size; ++k) {
+      const std::int64_t first = k * block, cols = std::min(block, V - first);
+      for (std::int64_t r = 0; cols > 0 && r < n; ++r)
+        std::copy_n(&head_gathered_[static_cast<std::size_t>(k) * nb + static_cast<std::size_t>(r * block)], cols,
+                    logits + r * V + first);
+    }
+  }
+
+  /// Every rank's step must be rank 0's (the same chunks: starts, tokens, which sample), or their collectives
+  /// would pair different data. A fingerprint of the step, compared with rank 0's on every rank; any difference
+  /// throws on every rank, so none is left waiting in a collective.
+  void check_same_step(std::span<const ForwardChunk> chunks) {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    const auto mix = [&](std::uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
+    for (const auto& c : chunks) {
+      mix(static_cast<std::uint64_t>(c.start));
+      mix(c.samples ? 1u : 0u);
+      mix(c.tokens.size());
+      for (const std::int32_t t : c.tokens) mix(static_cast<std::uint32_t>(t));
+    }
+    std::uint64_t root = h;
+    group_->broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&root, 1)), 0);
+    float differ = root == h ? 0.0f : 1.0f;
+    group_->all_reduce_sum(std::span<float>(&differ, 1));
+    if (differ != 0.0f)
+      throw DistributedError(detail::cat("tensor-parallel rank ", tp_.rank, ": ", differ, " of ", tp_.size,
+                                         " ranks were given another step than rank 0 (different requests, or sampling",
+                                         " that differs between ranks); every rank must run the same requests"));
+  }
+
   /// One layer's K/V rows of every chunk into the cache (f32 values, or e4m3 codes of value / scale), then
   /// every chunk's attention over it: q_, k_, v_ in, att_ out.
   template <class T>
@@ -260,7 +332,7 @@ class LlamaModel<cpu, Q, Attn> {
         std::memcpy(&hidden[static_cast<std::size_t>(r * H)], &x_[static_cast<std::size_t>(rows[first + r] * H)],
                     static_cast<std::size_t>(H) * sizeof(float));
       kernels::cpu::rms_norm(hidden.data(), w_.output_norm.data(), hidden.data(), n, H, config_.rms_norm_eps);
-      Q::matmul(cpu{}, w_.lm_head(), hidden.data(), static_cast<std::int32_t>(n), out.data());
+      head_logits(hidden.data(), n, out.data());
       for (std::int64_t r = 0; r < n; ++r) {
         const float* l = &out[static_cast<std::size_t>(r * V)];
         const float top = *std::max_element(l, l + V);
@@ -300,6 +372,9 @@ class LlamaModel<cpu, Q, Attn> {
   std::int64_t capacity_ = 0;  ///< token rows the scratch buffers hold
   std::vector<float> x_, xn_, tmp_, last_, q_, att_, k_, v_, gate_, up_, cos_sin_;
   std::vector<float> score_hidden_, score_logits_;  ///< score_rows' batch of final hidden states and their logits
+  dist::Group* group_ = nullptr;  ///< the tensor-parallel group, or none (one process holds the whole model)
+  TensorParallel tp_;
+  std::vector<float> head_part_, head_block_, head_gathered_;  ///< head_logits' rank-local and gathered logits
   std::vector<std::int32_t> pos_, sample_rows_;
 };
 

@@ -215,6 +215,9 @@ class LlamaModel<cuda, Q, Attn> {
   /// any weight reaches the device.
   static Weights load_checked(const ModelSource& src, const backend::cuda::Stream& stream) {
     const ModelConfig& c = src.config();
+    if (src.group() != nullptr)
+      throw UnsupportedError(detail::cat(src.describe(), ": tensor parallelism runs on the CPU backend in this version ",
+                                         "(the GPU's collectives over NCCL are not written yet)"));
     if (c.head_dim != 64 && c.head_dim != 128)
       throw UnsupportedError(detail::cat(src.describe(), ": head_dim ", c.head_dim,
                                          " is not supported by the CUDA attention kernels (64 or 128); use the CPU backend"));

@@ -105,13 +105,15 @@ LlamaWeights<Q, B> load_llama_weights(const ModelSource& src) {
   cpu store;
   const ModelConfig& c = src.config();
   const std::int64_t hidden = c.hidden_size, inter = c.intermediate_size;
+  // A tensor-parallel shard holds its rows of the vocabulary (ModelSource::shard); a whole model all of them.
+  const std::int64_t vocab = src.tensor_parallel().vocab_rows(c.vocab_size);
   LlamaWeights<Q, B> w;
-  if constexpr (EmbeddingQuantizer<Q, B>) w.token_embd = detail::load_linear<Q, B>(src, "token_embd", c.vocab_size, hidden, store);
-  else w.token_embd = detail::load_linear<F32, cpu>(src, "token_embd", c.vocab_size, hidden, store);
+  if constexpr (EmbeddingQuantizer<Q, B>) w.token_embd = detail::load_linear<Q, B>(src, "token_embd", vocab, hidden, store);
+  else w.token_embd = detail::load_linear<F32, cpu>(src, "token_embd", vocab, hidden, store);
   w.output_norm = detail::load_vector(src, "output_norm", hidden);
-  if (!c.tie_word_embeddings) w.output.emplace(detail::load_linear<Q, B>(src, "output", c.vocab_size, hidden, store, true));
+  if (!c.tie_word_embeddings) w.output.emplace(detail::load_linear<Q, B>(src, "output", vocab, hidden, store, true));
   else if constexpr (!EmbeddingQuantizer<Q, B>)  // tied, and Q cannot serve the embedding: the head alone through Q
-    w.output.emplace(detail::load_linear<Q, B>(src, "token_embd", c.vocab_size, hidden, store, true));
+    w.output.emplace(detail::load_linear<Q, B>(src, "token_embd", vocab, hidden, store, true));
   w.layers.reserve(static_cast<std::size_t>(c.num_layers));
   for (std::int64_t i = 0; i < c.num_layers; ++i) {
     const auto role = [&](const char* name) { return cat("blk.", i, ".", name); };

@@ -41,7 +41,24 @@ namespace infer {
 namespace gguf {
 class File;
 }
+namespace dist {
+class Group;
+}
 class EngineFile;
+
+/// Where a model's part sits in a tensor-parallel group: rank `rank` of `size` (ModelSource::shard).
+struct TensorParallel {
+  int rank = 0;
+  int size = 1;
+  /// The vocabulary rows this rank holds of the embedding and the LM head: ceil(vocab / size) a rank, in rank
+  /// order, the last rank's fewer (or none), so all-gathered logits are `size` equal blocks.
+  [[nodiscard]] std::int64_t vocab_block(std::int64_t vocab) const noexcept { return (vocab + size - 1) / size; }
+  [[nodiscard]] std::int64_t vocab_first(std::int64_t vocab) const noexcept { return rank * vocab_block(vocab); }
+  [[nodiscard]] std::int64_t vocab_rows(std::int64_t vocab) const noexcept {
+    const std::int64_t first = vocab_first(vocab), block = vocab_block(vocab);
+    return first >= vocab ? 0 : (vocab - first < block ? vocab - first : block);
+  }
+};
 
 class ModelSource {
  public:
@@ -58,6 +75,26 @@ class ModelSource {
   /// larger than the model's (its ids would be outside the embedding).
   static ModelSource dummy(ModelConfig config, std::uint64_t seed = 0, std::string label = "dummy",
                            std::optional<Tokenizer> tokenizer = std::nullopt);
+
+  /// This rank's part of `whole` for tensor parallelism over `group` (Megatron-LM's split of a Llama-family
+  /// decoder); it keeps `whole`, and the group must outlive it. Its config() has num_heads, num_kv_heads and
+  /// intermediate_size divided by the group's size (a rank's heads and share of the MLP; every other field as
+  /// here, the vocabulary whole); find() gives this rank's
+  /// - rows of attn_q, attn_k, attn_v, ffn_gate, ffn_up and their biases (its heads, its share of the MLP: q head h
+  ///   and KV head h / (heads / kv_heads) stay on one rank);
+  /// - columns of attn_output and ffn_down (the inputs its heads and MLP share feed; the ranks' products add up);
+  /// - rows of token_embd and output: TensorParallel::vocab_rows;
+  /// - norms whole.
+  /// Slices of file tensors are views where they are rows and copies (held by the view) where they are columns;
+  /// a dummy weight's slice is the same values as the whole's (DummyFill's slice). UnsupportedError, naming the
+  /// numbers, when the size does not divide the heads, the KV heads or the MLP width; for an engine file; and at
+  /// find() for a block-quantized tensor whose columns do not split on block boundaries, for a quantized
+  /// checkpoint's companion tensors, and for biases of attn_output or ffn_down.
+  [[nodiscard]] static ModelSource shard(ModelSource whole, dist::Group& group);
+  /// This source's place in its tensor-parallel group ({0, 1} unless it is a shard).
+  [[nodiscard]] TensorParallel tensor_parallel() const noexcept;
+  /// The group a shard was made for (nullptr unless it is a shard): the decoder's collectives go through it.
+  [[nodiscard]] dist::Group* group() const noexcept;
 
   ModelSource(ModelSource&&) noexcept;
   ModelSource& operator=(ModelSource&&) noexcept;

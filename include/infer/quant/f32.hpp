@@ -61,8 +61,11 @@ inline void dequantize_to_f32(const WeightTensor& t, std::span<float> dst) {
   if (t.dummy) {  // a dummy model's weight: the same bf16 values the GPU makes
     require<InvalidArgument>(dst.size() == t.elements(), "dequantize_to_f32: tensor '", t.name, "' has ",
                              t.elements(), " values, the destination ", dst.size());
+    const DummyFill& f = *t.dummy;
+    const auto cols = static_cast<std::uint64_t>(t.cols());
     for (std::size_t i = 0; i < dst.size(); ++i)
-      dst[i] = bf16_to_f32(f32_to_bf16(dummy_value(t.dummy->seed, i, t.dummy->center, t.dummy->spread)));
+      dst[i] = bf16_to_f32(
+          f32_to_bf16(dummy_value(f.seed, dummy_index(i, cols, f.row0, f.col0, f.full_cols), f.center, f.spread)));
     return;
   }
   try {

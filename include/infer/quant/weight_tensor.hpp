@@ -22,6 +22,10 @@ struct DummyFill {
   std::uint64_t seed = 0;
   float center = 0.0f;
   float spread = 0.0f;
+  /// A slice of the whole tensor (a tensor-parallel shard, ModelSource::shard): element j of the slice, `cols`
+  /// values a row, is element (row0 + j / cols) · full_cols + col0 + j % cols of the whole. full_cols 0: the
+  /// whole tensor (element j is j).
+  std::uint64_t row0 = 0, col0 = 0, full_cols = 0;
 };
 
 struct WeightTensor {

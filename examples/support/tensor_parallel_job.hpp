@@ -1,0 +1,92 @@
+#pragma once
+// A program's tensor-parallel job (`mpirun -np N PROGRAM --tensor-parallel-size N ...`): MPI started, the world
+// as the group the model is split over (ModelSpec::tensor_parallel: each rank loads its shard), every rank running
+// the same requests, rank 0 printing. Without the flag (size 1) it is a job of one and costs nothing; in a build
+// without MPI, a size above 1 is refused. This version runs tensor parallelism on the CPU backend (the GPU's
+// collectives over NCCL are not written yet).
+#include <fmt/core.h>
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+
+#include "infer/dist/communicator.hpp"
+#if INFER_HAVE_MPI
+#include "infer/dist/mpi.hpp"
+#endif
+
+namespace infer::programs {
+
+class TensorParallelJob {
+ public:
+  /// Starts MPI when `size` > 1; `ok()` is false after printing why when it cannot run (no MPI in this build, or
+  /// mpirun started another number of ranks).
+  TensorParallelJob([[maybe_unused]] const char* program, int size) {
+    if (size <= 1) return;
+#if INFER_HAVE_MPI
+    mpi_.emplace();
+    world_.emplace();
+    group_.emplace(*world_);
+    rank_ = world_->rank();
+    if (world_->size() != size) {
+      if (rank_ == 0)
+        fmt::print(stderr, "{}: --tensor-parallel-size {} needs as many ranks (mpirun -np {}); this job has {}\n", program,
+                   size, size, world_->size());
+      ok_ = false;
+    }
+#else
+    fmt::print(stderr, "{}: --tensor-parallel-size needs a build with MPI (scripts/setup.sh installs Open MPI)\n",
+               program);
+    ok_ = false;
+#endif
+  }
+
+  [[nodiscard]] bool ok() const noexcept { return ok_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// The group the model is split over (ModelSpec::tensor_parallel), or null for a job of one.
+  [[nodiscard]] dist::Group* group() noexcept {
+#if INFER_HAVE_MPI
+    if (group_) return &*group_;
+#endif
+    return nullptr;
+  }
+  /// "rank R: " in a parallel job, for error messages.
+  [[nodiscard]] std::string who() const { return group_active() ? fmt::format("rank {}: ", rank_) : std::string(); }
+
+  /// One seed for the whole job, rank 0's: requests without a seed of their own take seeds derived from it, so
+  /// every rank samples the same tokens (a fresh seed per rank would split their schedules).
+  [[nodiscard]] std::uint64_t common_seed() {
+    std::uint64_t seed = std::random_device{}();
+    seed = (seed << 32) ^ std::random_device{}();
+    if (dist::Group* g = group()) g->broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&seed, 1)), 0);
+    return seed;
+  }
+
+  /// The exit code, after ending every rank (the others would wait in a collective for this one).
+  int fail(int code) {
+#if INFER_HAVE_MPI
+    if (group_active()) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+    return code;
+  }
+
+ private:
+  [[nodiscard]] bool group_active() const noexcept {
+#if INFER_HAVE_MPI
+    return group_.has_value();
+#else
+    return false;
+#endif
+  }
+#if INFER_HAVE_MPI
+  std::optional<dist::MpiSession> mpi_;
+  std::optional<dist::Mpi> world_;
+  std::optional<dist::GroupOf<dist::Mpi>> group_;
+#endif
+  bool ok_ = true;
+  int rank_ = 0;
+};
+
+}  // namespace infer::programs
