@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""infer-generate --tensor-parallel-size under mpirun (CPU backend), as issue 21 asks of CI: greedy tokens of a
+model split over 2 ranks equal one process's (a dummy Llama shape whose heads, KV heads and MLP divide by 2, with
+the default model's tokenizer), printed once by rank 0; sampled tokens with a seed equal too; the default model
+refused with its numbers (9 heads, 3 KV heads do not divide by 2); a rank count other than mpirun's refused.
+
+usage: check_tensor_parallel.py BIN_DIR MODEL MPIEXEC"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from harness import check, finish
+
+bin_dir, model, mpiexec = sys.argv[1:4]
+exe = os.path.join(bin_dir, "infer-generate")
+# Open MPI as root (CI's containers), oversubscribed on a 2-core machine, without the single-copy transport
+# that needs ptrace rights.
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def run(ranks, *args):
+    cmd = [exe, *args] if ranks == 0 else [mpiexec, "-n", str(ranks), exe, "--tensor-parallel-size", str(ranks), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    # SmolLM2's vocabulary and tokenizer on a small Llama shape: 4 heads, 2 KV heads, an MLP of 256.
+    config = os.path.join(tmp, "config.json")
+    with open(config, "w", encoding="utf-8") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
+                   "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+                   "rope_theta": 10000.0, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2}, f)
+    prompts = os.path.join(tmp, "prompts.txt")
+    with open(prompts, "w", encoding="utf-8") as f:
+        f.write("The capital of France is\nWrite a haiku about the sea\nOne two three\n")
+    common = ["--dummy", config, "--tokenizer", model, "--backend", "cpu", "--ignore-eos", "--max-tokens", "12",
+              "--json", "--prompts", prompts]
+    for label, extra in (("greedy", ["--temperature", "0"]), ("sampled, seed 7", ["--temperature", "0.8", "--seed", "7"])):
+        one = run(0, *common, *extra)
+        check(one.returncode == 0, f"{label}: one process exits 0 ({one.stderr[-300:]!r})")
+        two = run(2, *common, *extra)
+        check(two.returncode == 0, f"{label}: 2 ranks exit 0 ({two.stderr[-300:]!r})")
+        if one.returncode != 0 or two.returncode != 0:
+            continue
+        want = [x["outputs"][0]["token_ids"] for x in json.loads(one.stdout)["results"]]
+        doc = json.loads(two.stdout)  # one document: only rank 0 printed
+        got = [x["outputs"][0]["token_ids"] for x in doc["results"]]
+        check(got == want, f"{label}: TP = 2 tokens equal TP = 1 ({got} vs {want})")
+        check(all(len(t) == 12 for t in got), f"{label}: 12 tokens each")
+
+    # Without a seed every rank still samples the same tokens (rank 0's seed): the job completes.
+    r = run(2, *common, "--temperature", "1.0")
+    check(r.returncode == 0 and all(x["outputs"][0]["finish_reason"] == "length" for x in json.loads(r.stdout)["results"])
+          if r.returncode == 0 else False, f"unseeded sampling on 2 ranks completes ({r.stderr[-300:]!r})")
+
+    # The default model: 9 heads and 3 KV heads do not split over 2 ranks.
+    r = run(2, "--model", model, "--backend", "cpu", "--max-tokens", "2", "Hello")
+    check(r.returncode != 0 and "3 KV heads" in r.stderr and "9 attention heads" in r.stderr,
+          f"SmolLM2 over 2 ranks is refused with its numbers ({r.returncode}, {r.stderr[-300:]!r})")
+
+    # mpirun's rank count must be the size asked for.
+    r = subprocess.run([mpiexec, "-n", "2", exe, "--tensor-parallel-size", "4", *common, "--temperature", "0"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    check(r.returncode != 0 and "needs as many ranks" in r.stderr,
+          f"--tensor-parallel-size 4 under 2 ranks is refused ({r.returncode}, {r.stderr[-300:]!r})")
+
+finish()
