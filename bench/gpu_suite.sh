@@ -238,7 +238,10 @@ case "${1:-}" in
     ;;
   early-ab)  # batch-1 decode (static engine, as issue 16 measures it) with the tensor-core GEMVs' first weight
     # copies after and before the chained wait (INFER_TC_GEMV_EARLY), alternating, bf16 and FP8
-    for spec in "bf16 1" "fp8 1" "bf16 2" "fp8 2"; do
+    # (EARLY_AB_QUANTS: the quantizers to run, default "bf16 fp8"; "bf16" for issue 16's target alone)
+    specs=()
+    for r in 1 2; do for q in ${EARLY_AB_QUANTS:-bf16 fp8}; do specs+=("$q $r"); done; done
+    for spec in "${specs[@]}"; do
       set -- $spec
       for k in 0 1; do
         INFER_TC_GEMV_EARLY=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 --engine static \

@@ -147,6 +147,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-choices", so.max_choices, "choices one request may ask for (prompts x n); 400 beyond")
       ->capture_default_str();
   app.add_option("--router", router_config, "a router config (JSON): several engines and the rules that pick one");
+  int dp_size = 1;
+  app.add_option("--data-parallel-size", dp_size,
+                 "replicas of the engine behind the router (cuda: one per GPU, devices 0..N-1), balanced by prefix-cache "
+                 "affinity and queue depth")
+      ->check(CLI::Range(1, 64));
   // Hidden from --help: the routes it adds let any client stall the server.
   app.add_flag("--enable-test-hooks", so.test_hooks, "tests only: POST /debug/hold and /debug/release park the engine loops")
       ->group("");
@@ -195,7 +200,20 @@ int main(int argc, char** argv) {
     if (!kv_memory.empty()) llm.engine_options.kv_cache_bytes = infer::parse_memory_size(kv_memory);
     infer::serve::EngineSpec base{"default", llm, wo, spec};
     infer::serve::RouterConfig config;
-    if (router_config.empty()) {
+    if (dp_size > 1) {
+      if (!router_config.empty()) {
+        fmt::print(stderr, "infer-serve: give --data-parallel-size or --router, not both (a router config lists "
+                           "its replicas under \"replicas\")\n");
+        return 2;
+      }
+      const bool gpu = infer::resolve_backend(spec.backend) == "cuda";
+      if (gpu && infer::cuda_devices() < dp_size) {
+        fmt::print(stderr, "infer-serve: --data-parallel-size {} puts a replica on each of {} GPUs; this machine has {}\n",
+                   dp_size, dp_size, infer::cuda_devices());
+        return 2;
+      }
+      config = infer::serve::replica_config(base, dp_size, gpu);
+    } else if (router_config.empty()) {
       base.worker.name = llm.engine;
       base.name = llm.engine;
       config.engines.push_back(base);

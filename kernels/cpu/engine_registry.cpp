@@ -9,6 +9,7 @@ std::unique_ptr<EngineHandle> make_engine(ModelSpec spec, LlmOptions options) {
   apply_engine_file(spec, options);
   if (spec.backend != "auto") check_engine_choice(spec.backend, options);  // before any device is touched
   const std::string backend = resolve_backend(spec.backend);
+  if (backend == "cuda" && spec.device >= 0) use_cuda_device(spec.device);
   return with_engine_type(backend, options, [&]<class E>() -> std::unique_ptr<EngineHandle> {
     return std::make_unique<EngineAdapter<E>>(spec.open(), options.engine_options);
   });

@@ -144,6 +144,18 @@ inline int cuda_devices() noexcept {
 #endif
 }
 
+/// Makes CUDA device `device` the calling thread's current one. InvalidArgument naming the count when there is
+/// no such device (a replica per GPU asked of a machine with fewer); nothing in a build without CUDA.
+inline void use_cuda_device([[maybe_unused]] int device) {
+#if defined(INFER_HAVE_CUDA)
+  const int n = backend::cuda::device_count();
+  if (device < 0 || device >= n)
+    throw InvalidArgument(detail::cat("CUDA device ", device, " does not exist: this machine has ", n,
+                                      n == 1 ? " device" : " devices"));
+  backend::cuda::check(cudaSetDevice(device), "cudaSetDevice");
+#endif
+}
+
 /// "cpu", "cuda" or "auto" → the backend to run on: "auto" is "cuda" when this build has CUDA and a
 /// device is present, else "cpu". InvalidArgument for an unknown name; DeviceError when "cuda" is asked
 /// of a build without CUDA or a machine without a device (programs exit 2 on it).
@@ -169,6 +181,9 @@ struct ModelSpec {
   /// A tensor-parallel group this process is one rank of: open() gives its shard (ModelSource::shard). Null:
   /// the whole model. The group must outlive the engines made from this spec.
   dist::Group* tensor_parallel = nullptr;
+  /// cuda: the device the engine runs on (make_engine makes it the calling thread's current device, so that
+  /// thread must be the one that runs the engine: a server's engine thread); -1: the thread's current one.
+  int device = -1;
 
   /// The model's name as clients see it by default.
   [[nodiscard]] std::string name() const { return dummy.empty() ? model.filename().string() : "dummy-" + dummy; }

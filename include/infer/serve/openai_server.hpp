@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -315,7 +316,8 @@ class OpenAIServer {
         }
       }
     }
-    EngineRequest e{std::move(prompts), r, /*chat=*/false, router_.candidates(q), {}};
+    std::vector<std::size_t> candidates = route(q, prompts.front());
+    EngineRequest e{std::move(prompts), r, /*chat=*/false, std::move(candidates), {}};
     e.setup = exchange_setup(r, /*chat=*/false, model, e.prompts);
     e.setup.echo = std::move(echo);
     return generate(std::move(e));
@@ -331,9 +333,21 @@ class OpenAIServer {
     q.max_tokens = r.max_tokens;
     q.prompt_tokens = static_cast<std::int64_t>(prompts[0].size());
     for (const auto& m : r.messages) q.text += m.content + "\n";
-    EngineRequest e{std::move(prompts), r, /*chat=*/true, router_.candidates(q), {}};
+    std::vector<std::size_t> candidates = route(q, prompts.front());
+    EngineRequest e{std::move(prompts), r, /*chat=*/true, std::move(candidates), {}};
     e.setup = exchange_setup(r, /*chat=*/true, model, e.prompts);
     return generate(std::move(e));
+  }
+
+  /// The router's candidates for q, with what replicas are balanced by: the prompt's affinity key and each
+  /// engine's outstanding requests now.
+  std::vector<std::size_t> route(RouteQuery& q, std::span<const std::int32_t> prompt) const {
+    if (!router_.config().replicas.empty()) {
+      q.prefix_key = Router::prefix_key(prompt);
+      q.loads.clear();
+      for (const EngineWorker* w : workers_) q.loads.push_back(w->outstanding());
+    }
+    return router_.candidates(q);
   }
 
   HttpResponse models() const {

@@ -27,6 +27,13 @@
 /// wins, else `default`. The candidates for a request are its engine, then `fallback` in order (every
 /// other engine in config order when `fallback` is absent). Deciding is pure (`Router::candidates`),
 /// so rules are unit-tested without engines.
+///
+/// Replicas (data parallel, `infer-serve --data-parallel-size N`, or `"replicas": [names]` in a config): engines
+/// that serve the same model interchangeably, e.g. one per GPU. When the rules pick one of them, the router picks
+/// among them by prefix-cache affinity and queue depth: a request goes to the replica its prompt's first
+/// kAffinityTokens tokens hash to (requests sharing a system prompt or a conversation's history land where those
+/// KV blocks are cached), unless that replica has more than kAffinitySlack requests outstanding beyond the least
+/// loaded one, which then takes it; the other replicas follow, least loaded first, as fallbacks.
 
 #include <algorithm>
 #include <cctype>
@@ -34,6 +41,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -68,6 +76,8 @@ struct RouteQuery {
   std::optional<std::int64_t> max_tokens;  ///< as the client asked (absent: the endpoint's default)
   std::string text;                     ///< prompt text (or the messages' contents), for keywords
   std::string endpoint;                 ///< "completions" or "chat"
+  std::uint64_t prefix_key = 0;          ///< Router::prefix_key of the (first) prompt, for replica affinity
+  std::vector<std::size_t> loads;        ///< each engine's outstanding requests (empty: unknown, no balancing)
 };
 
 struct RouterConfig {
@@ -75,7 +85,24 @@ struct RouterConfig {
   std::vector<RouteRule> rules;
   std::string default_engine;
   std::vector<std::string> fallback;  ///< empty: every other engine, in config order
+  std::vector<std::string> replicas;  ///< engines serving one model interchangeably (balanced; see the file comment)
 };
+
+/// `n` replicas of `base` ("replica-0" ... "replica-<n-1>"), balanced (infer-serve --data-parallel-size): on the
+/// cuda backend replica i runs on device i (ModelSpec::device).
+inline RouterConfig replica_config(const EngineSpec& base, int n, bool one_device_each) {
+  RouterConfig c;
+  for (int i = 0; i < n; ++i) {
+    EngineSpec s = base;
+    s.name = infer::detail::cat("replica-", i);
+    s.worker.name = s.name;
+    if (one_device_each) s.model.device = i;
+    c.replicas.push_back(s.name);
+    c.engines.push_back(std::move(s));
+  }
+  c.default_engine = c.engines.front().name;
+  return c;
+}
 
 namespace detail {
 inline std::string lower(std::string s) {
@@ -203,6 +230,13 @@ inline RouterConfig parse_router_config(const nlohmann::json& j, const EngineSpe
       c.rules.push_back(std::move(rule));
     }
   }
+  if (j.contains("replicas")) {
+    if (!j["replicas"].is_array()) fail("'replicas' must be an array of engine names");
+    for (const auto& f : j["replicas"]) {
+      if (!f.is_string() || !known(f.get<std::string>())) fail(cat("replicas entry ", f.dump(), " is not one of the engines"));
+      c.replicas.push_back(f.get<std::string>());
+    }
+  }
   c.default_engine = get_str(j, "default", "config").value_or(c.engines.front().name);
   if (!known(c.default_engine)) fail(cat("default '", c.default_engine, "' is not one of the engines"));
   if (j.contains("fallback")) {
@@ -265,7 +299,20 @@ class Router {
     return true;
   }
 
-  /// The engine the rules pick, then the fallbacks.
+  /// Prompt tokens a replica's affinity looks at: two KV blocks of 16, a system prompt's worth.
+  static constexpr std::size_t kAffinityTokens = 32;
+  /// Requests outstanding beyond the least loaded replica's that the affine replica may have and still take one.
+  static constexpr std::size_t kAffinitySlack = 2;
+
+  /// The affinity key of a prompt: a hash (FNV-1a) of its first kAffinityTokens tokens.
+  [[nodiscard]] static std::uint64_t prefix_key(std::span<const std::int32_t> prompt) noexcept {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (std::size_t i = 0; i < prompt.size() && i < kAffinityTokens; ++i)
+      h = (h ^ static_cast<std::uint32_t>(prompt[i])) * 0x100000001b3ull;
+    return h;
+  }
+
+  /// The engine the rules pick (among replicas, the balanced one), then the fallbacks.
   [[nodiscard]] std::vector<std::size_t> candidates(const RouteQuery& q) const {
     std::string first = config_.default_engine;
     for (const auto& r : config_.rules)
@@ -273,16 +320,36 @@ class Router {
         first = r.engine;
         break;
       }
-    std::vector<std::size_t> out{index_of(first)};
+    std::vector<std::size_t> out;
     auto add = [&](std::size_t i) {
       if (std::find(out.begin(), out.end(), i) == out.end()) out.push_back(i);
     };
+    const bool replica = std::find(config_.replicas.begin(), config_.replicas.end(), first) != config_.replicas.end();
+    if (replica && q.loads.size() == config_.engines.size()) {
+      for (const std::size_t i : balanced(q)) add(i);
+    } else {
+      add(index_of(first));
+    }
     if (config_.fallback.empty()) {
       for (std::size_t i = 0; i < config_.engines.size(); ++i) add(i);
     } else {
       for (const auto& f : config_.fallback) add(index_of(f));
     }
     return out;
+  }
+
+  /// The replicas in the order to try them: the affine one unless it is loaded beyond the slack, then the rest,
+  /// least loaded first (ties in config order).
+  [[nodiscard]] std::vector<std::size_t> balanced(const RouteQuery& q) const {
+    std::vector<std::size_t> r;
+    for (const auto& name : config_.replicas) r.push_back(index_of(name));
+    std::stable_sort(r.begin(), r.end(), [&](std::size_t a, std::size_t b) { return q.loads[a] < q.loads[b]; });
+    const std::size_t affine = index_of(config_.replicas[q.prefix_key % config_.replicas.size()]);
+    if (q.loads[affine] <= q.loads[r.front()] + kAffinitySlack) {
+      r.erase(std::find(r.begin(), r.end(), affine));
+      r.insert(r.begin(), affine);
+    }
+    return r;
   }
 
   [[nodiscard]] std::size_t index_of(const std::string& name) const {

@@ -143,3 +143,47 @@ TEST_CASE("memory sizes", "[serve][router]") {
   CHECK_THROWS_AS(parse_memory_size("big"), InvalidArgument);
   CHECK_THROWS_AS(parse_memory_size("-1M"), InvalidArgument);
 }
+
+TEST_CASE("replicas: prefix affinity while loads are close, the least loaded beyond the slack", "[serve][router]") {
+  // --data-parallel-size 3 on the CPU: three copies of the command line's engine, no device each.
+  const RouterConfig c = replica_config(base_spec(), 3, /*one_device_each=*/false);
+  REQUIRE(c.engines.size() == 3);
+  CHECK(c.engines[2].name == "replica-2");
+  CHECK(c.engines[2].worker.name == "replica-2");
+  CHECK(c.engines[2].model.device == -1);
+  CHECK(replica_config(base_spec(), 2, true).engines[1].model.device == 1);
+  const Router r(c);
+  const std::vector<std::int32_t> prompt{1, 2, 3, 4, 5};
+  RouteQuery q = query(5);
+  q.prefix_key = Router::prefix_key(prompt);
+  const std::size_t affine = q.prefix_key % 3;
+  // Without loads (a server that does not balance) the default engine and its fallbacks, as before.
+  CHECK(r.candidates(q) == std::vector<std::size_t>{0, 1, 2});
+  // Idle: the affine replica, then the others in config order.
+  q.loads = {0, 0, 0};
+  CHECK(r.candidates(q).front() == affine);
+  // The affine replica keeps its requests up to kAffinitySlack beyond the least loaded ...
+  q.loads = {0, 0, 0};
+  q.loads[affine] = Router::kAffinitySlack;
+  CHECK(r.candidates(q).front() == affine);
+  // ... and beyond it the least loaded takes the request; the rest follow by load.
+  q.loads = {5, 5, 5};
+  q.loads[affine] = 5 + Router::kAffinitySlack + 1;
+  q.loads[(affine + 1) % 3] = 4;
+  const auto order = r.candidates(q);
+  CHECK(order == std::vector<std::size_t>{(affine + 1) % 3, (affine + 2) % 3, affine});
+  // The key looks at the first kAffinityTokens tokens only: a shared system prompt, different questions.
+  std::vector<std::int32_t> a(Router::kAffinityTokens, 7), b = a;
+  a.push_back(100);
+  b.push_back(200);
+  CHECK(Router::prefix_key(a) == Router::prefix_key(b));
+  CHECK(Router::prefix_key(prompt) != Router::prefix_key(a));
+}
+
+TEST_CASE("a router config names its replicas", "[serve][router]") {
+  json j = config;
+  j["replicas"] = {"long", "spare"};
+  CHECK(parse_router_config(j, base_spec()).replicas == std::vector<std::string>{"long", "spare"});
+  j["replicas"] = {"long", "nope"};
+  CHECK_THROWS_WITH(parse_router_config(j, base_spec()), Contains("replicas entry \"nope\" is not one of the engines"));
+}
