@@ -3,6 +3,7 @@
 //   infer-serve --model MODEL [--engine paged|static] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
 //               [--served-model-name NAME]... [engine and cache flags of infer-generate]
 //   infer-serve --model MODEL --router CONFIG.json     several engines behind the hybrid router
+//   infer-serve --model MODEL --data-parallel-size N   N replicas (cuda: one per GPU), balanced by the router
 //   infer-serve --dummy llama3-8b --tokenizer MODEL --backend cuda   a model shape with random weights
 //
 // The socket is open while the model loads (/health answers 503 until it is ready). SIGTERM or SIGINT
