@@ -1,6 +1,7 @@
 // dist::Nccl on the one GPU of the test machine: a group of one, so every collective is the identity, run through
 // NCCL itself over device memory (joining non-blocking, enqueuing on the stream, waiting with the timeout's
-// polling). The multi-GPU run is issue 22's. Built where CMake finds NCCL (infer::nccl).
+// polling). The multi-GPU run is issue 22's. Built where CMake finds NCCL (infer::nccl), apart from test_cuda so
+// that test_cuda runs where NCCL's library is absent.
 #include <catch2/catch.hpp>
 
 #if INFER_HAVE_NCCL
