@@ -711,12 +711,14 @@ void gguf_gemv_swiglu(DType type, const void* w_gate_up, const ResidualNorm& x, 
   run(type, Job{w_gate_up, nullptr, x, 2 * I, K, y_bf16, 0, false, true}, M, stream);
 }
 
-bool gguf_gemv_fuses_norm() {
-  static const bool value = [] {
+bool gguf_gemv_fuses_norm(int M, std::int64_t K) {
+  static const int mode = [] {  // -1: by size, 0: never, 1: always
     const char* e = std::getenv("INFER_GGUF_GEMV_NORM");
-    return e == nullptr || std::string_view(e) != "0";
+    if (e == nullptr) return -1;
+    return std::string_view(e) == "0" ? 0 : std::string_view(e) == "1" ? 1 : -1;
   }();
-  return value;
+  if (mode >= 0) return mode == 1;
+  return static_cast<std::int64_t>(M) * K <= kGemvNormMaxValues;
 }
 
 }  // namespace infer::kernels::cuda

@@ -206,7 +206,7 @@ inline bool cuda_matmul_swiglu(CudaMatmulContext& ctx, const CudaLinear& w, cons
 /// Whether the GGUF GEMV takes this weight at `rows` with x as a pre-norm (its ResidualNorm overloads).
 inline bool gemv_takes_norm(const CudaLinear& w, std::int32_t rows) {
   return w.type != DType::bf16 && rows >= 1 && rows <= kernels::cuda::kGemvMaxRows &&
-         kernels::cuda::gemv_supports(w.type) && kernels::cuda::gguf_gemv_fuses_norm();
+         kernels::cuda::gemv_supports(w.type) && kernels::cuda::gguf_gemv_fuses_norm(rows, w.in_features);
 }
 
 /// cuda_matmul with x as the pre-norm `x` (which the kernel computes, writing x.residual_out and x.normed_out),

@@ -167,9 +167,13 @@ void gguf_gemv(DType type, const void* w_blocks, const ResidualNorm& x, int M, s
                float* y_f32, void* stream, std::int64_t ldy = 0);
 void gguf_gemv_swiglu(DType type, const void* w_gate_up, const ResidualNorm& x, int M, std::int64_t I, std::int64_t K,
                       std::uint16_t* y_bf16, void* stream);
-/// Whether the decoder folds its pre-norms into the GGUF GEMV (the ResidualNorm overloads above): yes unless
-/// INFER_GGUF_GEMV_NORM=0 (read once; a switch for A/B runs in one build).
-[[nodiscard]] bool gguf_gemv_fuses_norm();
+/// Whether the decoder folds the pre-norm of M rows of K into the GGUF GEMV (the ResidualNorm overloads above).
+/// Each of the GEMV's CTAs reads the residual and delta twice and the norm's weight once (~12·M·K + 4·K bytes from
+/// L2, against 2·M·K for bf16 x), which the ~2 us a norm kernel costs in a graph pays for where M·K is small:
+/// by default where M·K ≤ kGemvNormMaxValues (SmolLM2's K = 576 up to 3 rows; not Llama-3-8B's K = 4,096, where
+/// it is not measured yet). INFER_GGUF_GEMV_NORM=0 never, =1 always (read once; for A/B runs in one build).
+inline constexpr std::int64_t kGemvNormMaxValues = 2048;
+[[nodiscard]] bool gguf_gemv_fuses_norm(int M, std::int64_t K);
 
 /// The largest M `gguf_mmq` accepts.
 inline constexpr int kMmqMaxRows = 64;
