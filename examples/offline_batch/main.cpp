@@ -9,6 +9,7 @@
 //     (a bare tokenizer.json carries no chat template: name a built-in one)
 //   mpirun -np N infer-offline-batch --data-parallel ...   the classic Ray + vLLM job without Ray: one engine
 //     per rank (the local rank's GPU), the prompts split into N chunks, one summary and the answers at rank 0
+//   mpirun -np N infer-offline-batch --tensor-parallel-size N ...   one model split over N ranks (CPU backend)
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "data_parallel_job.hpp"
+#include "tensor_parallel_job.hpp"
 #include "infer/engine/llm.hpp"
 #include "program_flags.hpp"
 
@@ -50,9 +52,24 @@ int main(int argc, char** argv) {
   app.add_flag("--data-parallel", data_parallel,
                "under mpirun -np N: one engine per rank (the local rank's GPU), the prompts split across the ranks, "
                "one summary and the answers at rank 0");
+  int tp_size = 1;
+  app.add_option("--tensor-parallel-size", tp_size,
+                 "under mpirun -np N: the model split over N ranks (cpu backend), rank 0 printing")
+      ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
+  if (data_parallel && tp_size > 1) {
+    fmt::print(stderr, "infer-offline-batch: give --data-parallel or --tensor-parallel-size, not both\n");
+    return 2;
+  }
   infer::programs::DataParallelJob job("infer-offline-batch", data_parallel);  // before anything touches CUDA
   if (!job.ok()) return 2;
+  infer::programs::TensorParallelJob tp("infer-offline-batch", tp_size);
+  if (!tp.ok()) return tp.fail(2);
+  spec.tensor_parallel = tp.group();
+  const auto fail = [&](int code) { return tp.group() ? tp.fail(code) : job.fail(code); };
+  const auto who = [&] { return tp.group() ? tp.who() : job.who(); };
+  // Tensor-parallel ranks must sample the same tokens: each request's seed derives from rank 0's.
+  const std::uint64_t tp_seed = tp.group() ? tp.common_seed() : 0;
 
   if (const auto code = infer::programs::prepare_engine_file("infer-offline-batch", engine_file, spec, opt)) return *code;
   if (const auto code = infer::programs::resolve_backend_or_exit("infer-offline-batch", spec.backend)) return *code;
@@ -60,7 +77,7 @@ int main(int argc, char** argv) {
     spec.validate();
     sp.validate();
     opt.summary = false;  // the program prints its own
-    opt.progress = job.rank() == 0;  // one bar (rank 0's share) in a data-parallel job
+    opt.progress = job.rank() == 0 && tp.rank() == 0;  // one bar (rank 0's share, or rank 0's run)
     infer::LLM llm(spec, opt);
     const std::vector<std::string> questions = {"What is the capital of France?",
                                                 "Explain what a large language model is in one paragraph."};
@@ -71,7 +88,20 @@ int main(int argc, char** argv) {
     const std::vector<std::vector<infer::ChatMessage>> my_conversations(
         conversations.begin() + static_cast<std::ptrdiff_t>(mine.begin),
         conversations.begin() + static_cast<std::ptrdiff_t>(mine.end));
-    const auto results = my_conversations.empty() ? std::vector<infer::RequestOutput>{} : llm.chat(my_conversations, sp);
+    std::vector<infer::RequestOutput> results;
+    if (tp.group()) {  // one seed per request, the same on every rank
+      const infer::ChatTemplate tmpl = llm.chat_template();
+      std::vector<std::vector<std::int32_t>> ids;
+      std::vector<infer::SamplingParams> params(my_conversations.size(), sp);
+      for (std::size_t j = 0; j < my_conversations.size(); ++j) {
+        ids.push_back(llm.encode_chat(tmpl.apply(my_conversations[j], /*add_generation_prompt=*/true)));
+        params[j].seed = tp_seed + j;
+      }
+      results = llm.generate_ids(ids, params);
+      if (tp.rank() != 0) return 0;  // rank 0 prints the job's results
+    } else if (!my_conversations.empty()) {
+      results = llm.chat(my_conversations, sp);
+    }
     const auto& s = llm.last_summary();
     // This rank's counts and answers (the first `shown` of the job are all rank 0 needs), then the job's.
     json answers = json::array();
@@ -90,18 +120,21 @@ int main(int argc, char** argv) {
       for (const json& a : p.at("answers")) texts.push_back(a.get<std::string>());
     }
     const auto info = llm.info();
+    const std::string ranks = job.parallel() ? fmt::format(", {} ranks", job.ranks())
+                              : tp.group()   ? fmt::format(", tensor parallel over {} ranks", tp_size)
+                                             : std::string();
     fmt::print("{} requests on the {} engine ({}{}), {:.2f} s: {} tokens generated, {:.1f} tokens/s\n", requests,
-               info.kind, info.backend, job.parallel() ? fmt::format(", {} ranks", job.ranks()) : std::string(),
+               info.kind, info.backend, ranks,
                seconds, tokens, seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0);
     for (std::size_t i = 0; i < texts.size(); ++i)
       fmt::print("\n--- {} ---\n{}\n", conversations[i].back().content, texts[i]);
     return 0;
   } catch (const infer::ChatTemplateError& e) {
-    fmt::print(stderr, "infer-offline-batch: {}{}; here: --chat-template chatml|llama3|llama3.1|mistral\n", job.who(),
+    fmt::print(stderr, "infer-offline-batch: {}{}; here: --chat-template chatml|llama3|llama3.1|mistral\n", who(),
                e.what());
-    return job.fail(1);
+    return fail(1);
   } catch (const infer::Error& e) {
-    fmt::print(stderr, "infer-offline-batch: {}{} error: {}\n", job.who(), infer::to_string(e.code()), e.what());
-    return job.fail(1);
+    fmt::print(stderr, "infer-offline-batch: {}{} error: {}\n", who(), infer::to_string(e.code()), e.what());
+    return fail(1);
   }
 }

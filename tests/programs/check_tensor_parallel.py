@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """infer-generate --tensor-parallel-size under mpirun (CPU backend), as issue 21 asks of CI: greedy tokens of a
 model split over 2 ranks equal one process's (a dummy Llama shape whose heads, KV heads and MLP divide by 2, with
-the default model's tokenizer), printed once by rank 0; sampled tokens with a seed equal too; the default model
-refused with its numbers (9 heads, 3 KV heads do not divide by 2); a rank count other than mpirun's refused.
+the default model's tokenizer), printed once by rank 0; sampled tokens with a seed equal too; infer-offline-batch
+(sampled, unseeded) completes with one summary; the default model refused with its numbers (9 heads, 3 KV heads
+do not divide by 2); a rank count other than mpirun's refused.
 
 usage: check_tensor_parallel.py BIN_DIR MODEL MPIEXEC"""
 import json
@@ -56,6 +57,14 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run(2, *common, "--temperature", "1.0")
     check(r.returncode == 0 and all(x["outputs"][0]["finish_reason"] == "length" for x in json.loads(r.stdout)["results"])
           if r.returncode == 0 else False, f"unseeded sampling on 2 ranks completes ({r.stderr[-300:]!r})")
+
+    # The offline batch job (sampled, unseeded): every rank samples what rank 0 does; one summary, from rank 0.
+    r = subprocess.run([mpiexec, "-n", "2", os.path.join(bin_dir, "infer-offline-batch"), "--tensor-parallel-size", "2",
+                        "--dummy", config, "--tokenizer", model, "--backend", "cpu", "--prompts", "4",
+                        "--max-tokens", "8", "--show", "1"], capture_output=True, text=True, timeout=300, env=env)
+    check(r.returncode == 0 and r.stdout.count(" requests on the ") == 1 and "4 requests" in r.stdout
+          and "tensor parallel over 2 ranks" in r.stdout,
+          f"infer-offline-batch over 2 ranks: one summary ({r.returncode}, {r.stdout[-300:]!r} {r.stderr[-300:]!r})")
 
     # The default model: 9 heads and 3 KV heads do not split over 2 ranks.
     r = run(2, "--model", model, "--backend", "cpu", "--max-tokens", "2", "Hello")
