@@ -9,13 +9,27 @@
 /// collectives require); a call that cannot complete in time (a rank died or hangs) ends in the
 /// communicator's timeout, never in a hang.
 #include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
 #include <span>
 
 #include "infer/core/error.hpp"
 
 namespace infer::dist {
+
+/// How long a collective may wait before the communicators that poll (Mpi, Nccl) end it: INFER_DIST_TIMEOUT_S
+/// (seconds) when set, else 300 s (a rank loading an 8B model while the others wait at a barrier is slow, but not
+/// that slow).
+[[nodiscard]] inline std::chrono::milliseconds collective_timeout() {
+  if (const char* e = std::getenv("INFER_DIST_TIMEOUT_S")) {
+    const double s = std::atof(e);
+    if (s > 0) return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0));
+  }
+  return std::chrono::seconds(300);
+}
 
 /// What a communicator offers: its place in the group and four collectives, all blocking.
 /// - `all_reduce_sum(data)`: every rank's `data` becomes the element-wise sum over the ranks (in place);

@@ -90,19 +90,9 @@ class Mpi {
   /// message is printed and MPI_Abort ends the job.
   using TimeoutHandler = std::function<void(const std::string& message)>;
 
-  /// The default timeout: INFER_DIST_TIMEOUT_S (seconds) when set, else 300 s (a rank loading an 8B model
-  /// while the others wait at a barrier is slow, but not that slow).
-  [[nodiscard]] static std::chrono::milliseconds default_timeout() {
-    if (const char* e = std::getenv("INFER_DIST_TIMEOUT_S")) {
-      const double s = std::atof(e);
-      if (s > 0) return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0));
-    }
-    return std::chrono::seconds(300);
-  }
-
   /// A group of parent's ranks (duplicated, so its traffic never meets the caller's). MPI must be running
   /// (MpiSession). DistributedError when MPI is not initialized.
-  explicit Mpi(MPI_Comm parent = MPI_COMM_WORLD, std::chrono::milliseconds timeout = default_timeout(),
+  explicit Mpi(MPI_Comm parent = MPI_COMM_WORLD, std::chrono::milliseconds timeout = collective_timeout(),
                TimeoutHandler on_timeout = {})
       : timeout_(timeout), on_timeout_(std::move(on_timeout)) {
     int initialized = 0;

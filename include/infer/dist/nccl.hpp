@@ -9,7 +9,7 @@
 /// (`Nccl::join(mpi, device, stream)`: any Communicator, Mpi for a job started by mpirun), and every rank joins
 /// with its rank and its GPU. Nothing waits forever: the communicator is made non-blocking (ncclConfig_t.blocking
 /// = 0), and every wait (joining, a collective's completion) polls NCCL's state and the stream against a timeout
-/// (INFER_DIST_TIMEOUT_S, default 300 s, as Mpi). Past it, or on an NCCL error, the communicator is aborted
+/// (collective_timeout(): INFER_DIST_TIMEOUT_S, default 300 s). Past it, or on an NCCL error, the communicator is aborted
 /// (ncclCommAbort) and DistributedError names the rank, the call and the wait; that communicator is not used again.
 ///
 /// The blocking collectives enqueue on the stream and wait for it (what the Communicator concept promises); the
@@ -35,15 +35,6 @@ namespace infer::dist {
 
 class Nccl {
  public:
-  /// The default timeout: INFER_DIST_TIMEOUT_S (seconds) when set, else 300 s.
-  [[nodiscard]] static std::chrono::milliseconds default_timeout() {
-    if (const char* e = std::getenv("INFER_DIST_TIMEOUT_S")) {
-      const double s = std::atof(e);
-      if (s > 0) return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0));
-    }
-    return std::chrono::seconds(300);
-  }
-
   /// A new group's id (rank 0 makes it; the others receive it).
   [[nodiscard]] static ncclUniqueId unique_id() {
     ncclUniqueId id;
@@ -54,7 +45,7 @@ class Nccl {
   /// Joins the group of `host`'s ranks on `device` (rank and size are host's): rank 0's id is broadcast over host.
   template <Communicator C>
   [[nodiscard]] static Nccl join(C& host, int device, cudaStream_t stream,
-                                 std::chrono::milliseconds timeout = default_timeout()) {
+                                 std::chrono::milliseconds timeout = collective_timeout()) {
     ncclUniqueId id{};
     if (host.rank() == 0) id = unique_id();
     host.broadcast(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), 0);
@@ -63,7 +54,7 @@ class Nccl {
 
   /// Joins group `id` as `rank` of `size` on `device`; collectives go on `stream` (the caller's, which it keeps).
   Nccl(const ncclUniqueId& id, int rank, int size, int device, cudaStream_t stream,
-       std::chrono::milliseconds timeout = default_timeout())
+       std::chrono::milliseconds timeout = collective_timeout())
       : rank_(rank), size_(size), stream_(stream), timeout_(timeout) {
     require<InvalidArgument>(size >= 1 && rank >= 0 && rank < size, "Nccl: rank ", rank, " of a group of ", size);
     check_cuda(cudaSetDevice(device), "cudaSetDevice");
