@@ -4,6 +4,8 @@
 //               [--served-model-name NAME]... [engine and cache flags of infer-generate]
 //   infer-serve --model MODEL --router CONFIG.json     several engines behind the hybrid router
 //   infer-serve --model MODEL --data-parallel-size N   N replicas (cuda: one per GPU), balanced by the router
+//   mpirun -np N infer-serve --tensor-parallel-size N ...   one model split over N ranks (CPU backend): rank 0
+//               serves HTTP, the others run its engine's steps with it (dist/lockstep_engine.hpp)
 //   infer-serve --dummy llama3-8b --tokenizer MODEL --backend cuda   a model shape with random weights
 //
 // The socket is open while the model loads (/health answers 503 until it is ready). SIGTERM or SIGINT
@@ -28,9 +30,11 @@
 #include <thread>
 #include <vector>
 
+#include "infer/dist/lockstep_engine.hpp"
 #include "infer/model/dummy.hpp"
 #include "infer/engine/engine_registry.hpp"
 #include "program_flags.hpp"
+#include "tensor_parallel_job.hpp"
 #include "infer/serve/engine_worker.hpp"
 #include "infer/serve/openai_server.hpp"
 #include "infer/serve/router.hpp"
@@ -80,6 +84,29 @@ std::size_t connections_that_fit() {
     (void)getrlimit(RLIMIT_NOFILE, &r);
   }
   return r.rlim_cur > 128 ? static_cast<std::size_t>(r.rlim_cur) - 64 : 64;
+}
+
+/// A tensor-parallel job's rank other than 0: loads its shard of the model with rank 0's settings and runs the
+/// steps rank 0's engine runs (dist::follow_leader) until rank 0 stops it; no HTTP. mpirun passes SIGTERM and
+/// SIGINT on to every rank: these ranks ignore them, since rank 0 drains and then stops them.
+int follow_rank_zero(infer::programs::TensorParallelJob& tp, infer::ModelSpec spec, infer::LlmOptions llm,
+                     const std::string& kv_memory) {
+  std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGINT, SIG_IGN);
+  try {
+    spec.validate();
+    if (!kv_memory.empty()) llm.engine_options.kv_cache_bytes = infer::parse_memory_size(kv_memory);
+    infer::apply_engine_file(spec, llm);
+    if (const auto code = infer::programs::resolve_backend_or_exit("infer-serve", spec.backend)) return tp.fail(*code);
+    infer::check_engine_choice(spec.backend, llm);
+    llm.engine_options.validate();
+    const auto engine = infer::make_engine(spec, llm);
+    infer::dist::follow_leader(*engine, *tp.control());
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "infer-serve: {}error: {}\n", tp.who(), e.what());
+    return tp.fail(1);
+  }
 }
 
 }  // namespace
@@ -153,6 +180,11 @@ int main(int argc, char** argv) {
                  "replicas of the engine behind the router (cuda: one per GPU, devices 0..N-1), balanced by prefix-cache "
                  "affinity and queue depth")
       ->check(CLI::Range(1, 64));
+  int tp_size = 1;
+  app.add_option("--tensor-parallel-size", tp_size,
+                 "ranks the model is split over, one process each (mpirun -np N; CPU backend): rank 0 serves HTTP, the "
+                 "others run its engine's steps with it")
+      ->check(CLI::Range(1, 64));
   // Hidden from --help: the routes it adds let any client stall the server.
   app.add_flag("--enable-test-hooks", so.test_hooks, "tests only: POST /debug/hold and /debug/release park the engine loops")
       ->group("");
@@ -169,6 +201,15 @@ int main(int argc, char** argv) {
     so.http.max_connections = fit;
   }
   if (const auto code = infer::programs::prepare_engine_file("infer-serve", engine_file, spec, llm)) return *code;
+  if (tp_size > 1 && (dp_size > 1 || !router_config.empty())) {
+    fmt::print(stderr, "infer-serve: --tensor-parallel-size serves one engine; give it without --data-parallel-size "
+                       "and --router\n");
+    return 2;
+  }
+  infer::programs::TensorParallelJob tp("infer-serve", tp_size);
+  if (!tp.ok()) return tp.fail(2);
+  spec.tensor_parallel = tp.group();
+  if (tp.rank() != 0) return follow_rank_zero(tp, spec, llm, kv_memory);
   so.model_path = spec.dummy.empty() ? spec.model.string() : spec.dummy;
   if (so.served_model_names.empty()) so.served_model_names.push_back(spec.name());
 
@@ -184,7 +225,7 @@ int main(int argc, char** argv) {
   // A write to a closed socket must not kill the server.
   if (!install_shutdown_signals()) {
     fmt::print(stderr, "infer-serve: cannot set up the signal handlers: {}\n", std::strerror(errno));
-    return 1;
+    return tp.fail(1);
   }
   sigset_t signals;
   sigemptyset(&signals);
@@ -205,13 +246,13 @@ int main(int argc, char** argv) {
       if (!router_config.empty()) {
         fmt::print(stderr, "infer-serve: give --data-parallel-size or --router, not both (a router config lists "
                            "its replicas under \"replicas\")\n");
-        return 2;
+        return tp.fail(2);
       }
       const bool gpu = infer::resolve_backend(spec.backend) == "cuda";
       if (gpu && infer::cuda_devices() < dp_size) {
         fmt::print(stderr, "infer-serve: --data-parallel-size {} puts a replica on each of {} GPUs; this machine has {}\n",
                    dp_size, dp_size, infer::cuda_devices());
-        return 2;
+        return tp.fail(2);
       }
       config = infer::serve::replica_config(base, dp_size, gpu);
     } else if (router_config.empty()) {
@@ -225,11 +266,16 @@ int main(int argc, char** argv) {
     std::vector<infer::serve::EngineWorker*> raw;
     for (auto& engine : config.engines) {
       infer::apply_engine_file(engine.model, engine.llm);  // a router config may name engine files too
-      if (const auto code = infer::programs::resolve_backend_or_exit("infer-serve", engine.model.backend)) return *code;
+      if (const auto code = infer::programs::resolve_backend_or_exit("infer-serve", engine.model.backend)) return tp.fail(*code);
       infer::check_engine_choice(engine.model.backend, engine.llm);
       engine.llm.engine_options.validate();
       workers.push_back(std::make_unique<infer::serve::EngineWorker>(
-          [model = engine.model, options = engine.llm] { return infer::make_engine(model, options); }, engine.worker));
+          [model = engine.model, options = engine.llm, control = tp.control()]() -> std::unique_ptr<infer::EngineHandle> {
+            auto e = infer::make_engine(model, options);
+            if (control == nullptr) return e;
+            return std::make_unique<infer::dist::LockstepLeader>(std::move(e), *control);  // rank 0 of a TP job
+          },
+          engine.worker));
       raw.push_back(workers.back().get());
       engine_models.push_back(engine.model.name());
       engine_backends.push_back(engine.model.backend);
@@ -237,20 +283,24 @@ int main(int argc, char** argv) {
     server = std::make_unique<infer::serve::OpenAIServer>(so, infer::serve::Router(config), raw);
     if (std::string why; !server->bind(&why)) {
       fmt::print(stderr, "infer-serve: cannot listen on {}:{}: {}\n", so.http.host, so.http.port, why);
-      return 1;
+      return tp.fail(1);
     }
   } catch (const infer::Error& e) {
     fmt::print(stderr, "infer-serve: {} error: {}\n", infer::to_string(e.code()), e.what());
-    return 1;
+    return tp.fail(1);
   } catch (const std::exception& e) {
     fmt::print(stderr, "infer-serve: error: {}\n", e.what());
-    return 1;
+    return tp.fail(1);
   }
   const std::string loading = workers.size() == 1 ? fmt::format("{} on {}", engine_models.front(), engine_backends.front())
                                                  : fmt::format("{} engines, in config order", workers.size());
   fmt::print(stderr, "infer-serve: listening on http://{}:{} (loading {}; backlog {}, up to {} connections)\n",
              so.http.host, server->port(), loading, infer::serve::HttpTransport::listen_backlog(),
              so.http.max_connections);
+  if (tp.group() != nullptr)
+    fmt::print(stderr, "infer-serve: tensor parallel over {} ranks; rank 0 (this process, pid {}) serves. To drain, send "
+                       "it SIGTERM: mpirun's own SIGTERM or Ctrl-C ends every rank a second later (Open MPI's "
+                       "odls_base_sigkill_timeout)\n", tp_size, static_cast<long>(getpid()));
   if (so.test_hooks)
     fmt::print(stderr, "infer-serve: test hooks enabled (POST /debug/hold, /debug/release): not for production\n");
   std::thread http([&] { server->serve(); });
@@ -274,7 +324,7 @@ int main(int argc, char** argv) {
     while (!w->wait_loaded(std::chrono::milliseconds(100))) {
       if (w->state() == infer::serve::EngineWorker::State::failed) {
         fmt::print(stderr, "infer-serve: engine '{}' failed to load: {}\n", w->name(), w->load_error());
-        return shut_down(1);
+        return tp.fail(shut_down(1));
       }
       if (signal_within(0)) {
         stop_now = true;
@@ -297,7 +347,7 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "infer-serve: engines '{}' and '{}' read different tokenizers ({}); the router's engines "
                  "share one: give a dummy model the other's \"tokenizer\"\n", workers.front()->name(),
                  workers[i]->name(), *why);
-      return shut_down(1);
+      return tp.fail(shut_down(1));
     }
   }
 

@@ -1,11 +1,13 @@
 #pragma once
 // A program's tensor-parallel job (`mpirun -np N PROGRAM --tensor-parallel-size N ...`): MPI started, the world
 // as the group the model is split over (ModelSpec::tensor_parallel: each rank loads its shard), every rank running
-// the same requests, rank 0 printing. Without the flag (size 1) it is a job of one and costs nothing; in a build
-// without MPI, a size above 1 is refused. This version runs tensor parallelism on the CPU backend (the GPU's
-// collectives over NCCL are not written yet).
+// the same requests, rank 0 printing; in a server, rank 0 serves and the others follow its engine (control()).
+// Without the flag (size 1) it is a job of one and costs nothing; in a build without MPI, a size above 1 is
+// refused. This version runs tensor parallelism on the CPU backend (the GPU's collectives over NCCL are not
+// written yet).
 #include <fmt/core.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -29,6 +31,9 @@ class TensorParallelJob {
     mpi_.emplace();
     world_.emplace();
     group_.emplace(*world_);
+    // A year: a follower of an idle server waits here for the next step without end (see control()).
+    control_world_.emplace(MPI_COMM_WORLD, std::chrono::hours(24 * 365));
+    control_.emplace(*control_world_);
     rank_ = world_->rank();
     if (world_->size() != size) {
       if (rank_ == 0)
@@ -52,6 +57,17 @@ class TensorParallelJob {
 #endif
     return nullptr;
   }
+  /// The group a server's rank 0 sends its engine calls over (dist/lockstep_engine.hpp): the world again, on a
+  /// communicator of its own whose waits do not time out, since the other ranks wait there for as long as the
+  /// server is idle. A rank that dies still ends the job (mpirun ends the others); the model's collectives keep
+  /// group()'s timeout. Null for a job of one.
+  [[nodiscard]] dist::Group* control() noexcept {
+#if INFER_HAVE_MPI
+    if (control_) return &*control_;
+#endif
+    return nullptr;
+  }
+
   /// "rank R: " in a parallel job, for error messages.
   [[nodiscard]] std::string who() const { return group_active() ? fmt::format("rank {}: ", rank_) : std::string(); }
 
@@ -84,6 +100,8 @@ class TensorParallelJob {
   std::optional<dist::MpiSession> mpi_;
   std::optional<dist::Mpi> world_;
   std::optional<dist::GroupOf<dist::Mpi>> group_;
+  std::optional<dist::Mpi> control_world_;
+  std::optional<dist::GroupOf<dist::Mpi>> control_;
 #endif
   bool ok_ = true;
   int rank_ = 0;

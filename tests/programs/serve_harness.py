@@ -20,9 +20,11 @@ class Server:
     with Server(bin_dir, model, "--api-key", "k") as s: ...   # ready (health 200) inside the block
     """
 
-    def __init__(self, bin_dir, model, *args, ready_timeout=180, wait_ready=True):
+    def __init__(self, bin_dir, model, *args, ready_timeout=180, wait_ready=True, launcher=(), env=None):
+        """`model` None: the args name the model (--dummy). `launcher`: what runs the server (mpirun -n 2)."""
         self.exe = os.path.join(bin_dir, "infer-serve")
-        self.args = [self.exe, "--model", model, "--host", HOST, "--port", "0", *args]
+        self.args = [*launcher, self.exe, *(["--model", model] if model else []), "--host", HOST, "--port", "0", *args]
+        self.env = env
         self.ready_timeout = ready_timeout
         self.wait_ready = wait_ready
         self.proc = None
@@ -31,7 +33,7 @@ class Server:
         self.health_at_start = None
 
     def __enter__(self):
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.time() + 30
         while self.port is None:
             if time.time() > deadline or self.proc.poll() is not None:

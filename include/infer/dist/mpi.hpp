@@ -10,8 +10,9 @@
 /// it). With a timeout handler, the handler gets the message and DistributedError is thrown after it; the
 /// collective stays pending, so that communicator must not be used again (tests; a caller that reports before
 /// it exits). Polling spins
-/// for the first millisecond (a CPU all-reduce of a decode step takes microseconds) and then sleeps between
-/// polls, so a rank waiting on a slow one does not burn its core.
+/// for the first millisecond (a CPU all-reduce of a decode step takes microseconds), then sleeps 100 us between
+/// polls, and 1 ms after the first 100 ms (a follower of an idle server waits there), so a rank waiting on a slow
+/// one does not burn its core.
 #include <mpi.h>
 
 #include <chrono>
@@ -178,13 +179,15 @@ class Mpi {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const auto spin_until = start + std::chrono::milliseconds(1);
+    const auto patient_after = start + std::chrono::milliseconds(100);
     for (;;) {
       int done = 0;
       MPI_Test(&r, &done, MPI_STATUS_IGNORE);
       if (done) return;
       const auto now = Clock::now();
       if (now - start >= timeout_) break;
-      if (now >= spin_until) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (now >= patient_after) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // an idle server's ranks
+      else if (now >= spin_until) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     const std::string message =
         detail::cat("infer: rank ", rank_, " of ", size_, ": ", what, n > 0 ? detail::cat(" of ", n) : std::string(),
