@@ -2,15 +2,18 @@
 """infer-generate --tensor-parallel-size under mpirun (CPU backend), as issue 21 asks of CI: greedy tokens of a
 model split over 2 ranks equal one process's (a dummy Llama shape whose heads, KV heads and MLP divide by 2, with
 the default model's tokenizer), printed once by rank 0; sampled tokens with a seed equal too; infer-offline-batch
-(sampled, unseeded) completes with one summary; the default model refused with its numbers (9 heads, 3 KV heads
+(sampled, unseeded) completes with one summary; a rank killed or stopped mid-job ends the job with a message
+(the stopped one through the collectives' timeout); the default model refused with its numbers (9 heads, 3 KV heads
 do not divide by 2); a rank count other than mpirun's refused.
 
 usage: check_tensor_parallel.py BIN_DIR MODEL MPIEXEC"""
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 from harness import check, finish
 
@@ -65,6 +68,57 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode == 0 and r.stdout.count(" requests on the ") == 1 and "4 requests" in r.stdout
           and "tensor parallel over 2 ranks" in r.stdout,
           f"infer-offline-batch over 2 ranks: one summary ({r.returncode}, {r.stdout[-300:]!r} {r.stderr[-300:]!r})")
+
+    # A rank that dies mid-job (SIGKILL) or stops answering (SIGSTOP): the job ends with a message, the second well
+    # within the collective timeout (rank 0's collective gives up after INFER_DIST_TIMEOUT_S and ends the job).
+    def rank_pid(rank, launched_after):
+        """The pid of this job's rank `rank` (its environment says so), once it has used a second of CPU."""
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            for d in os.listdir("/proc"):
+                if not d.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{d}/cmdline", "rb") as f:
+                        cmd = f.read().split(b"\0")
+                    with open(f"/proc/{d}/environ", "rb") as f:
+                        environ = f.read().split(b"\0")
+                    with open(f"/proc/{d}/stat", "rb") as f:
+                        stat = f.read().rsplit(b")", 1)[1].split()
+                except OSError:
+                    continue
+                cpu_s = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+                if (config.encode() in cmd and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ
+                        and os.stat(f"/proc/{d}").st_mtime >= launched_after - 1 and cpu_s > 1.0):
+                    return int(d)
+            time.sleep(0.1)
+        return None
+
+    for how, sig in (("killed", signal.SIGKILL), ("stopped", signal.SIGSTOP)):
+        start = time.time()
+        job = subprocess.Popen([mpiexec, "-n", "2", os.path.join(bin_dir, "infer-offline-batch"),
+                                "--tensor-parallel-size", "2", "--dummy", config, "--tokenizer", model, "--backend", "cpu",
+                                "--prompts", "64", "--max-tokens", "400"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=dict(env, INFER_DIST_TIMEOUT_S="5"))
+        pid = rank_pid(1, start)
+        check(pid is not None, f"{how}: rank 1 found, computing")
+        if pid is None:
+            job.kill()
+            job.communicate()
+            continue
+        os.kill(pid, sig)
+        hit = time.time()
+        try:
+            out, err = job.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            out, err = job.communicate()
+        took = time.time() - hit
+        said = ("rank 1" in err and "signal 9" in err) if sig == signal.SIGKILL else \
+            "rank 0 of 2" in err and "did not complete within 5 s" in err
+        check(job.returncode != 0 and said and took < 60,
+              f"a {how} rank ends the job in {took:.1f} s with a message (exit {job.returncode}): {err[-400:]!r}")
 
     # The default model: 9 heads and 3 KV heads do not split over 2 ranks.
     r = run(2, "--model", model, "--backend", "cpu", "--max-tokens", "2", "Hello")
