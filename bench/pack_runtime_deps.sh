@@ -16,5 +16,16 @@ for p in libopenblas0-pthread libopenblas0 libssl3 libpcre2-8-0 libbrotli1 zlib1
   ls .deps/debs/"${p}"_*.deb >/dev/null 2>&1 || { echo "pack_runtime_deps.sh: .deps has no $p" >&2; exit 1; }
   cp .deps/debs/"${p}"_*.deb .xfer/deps-run/debs/
 done
+# Open MPI's runtime, which .deps lacks, in a folder of its own (.xfer/mpi-run, ~6 MB: the first call's carry has
+# no room for it beside the build and llama.cpp): the programs that take --data-parallel or --tensor-parallel-size
+# link libmpi and do not start without it, and mpirun (openmpi-bin) launches the one-GPU MPI runs. On the device,
+# after deps-run: for f in .xfer/mpi-run/*.deb; do dpkg -x "$f" /opt/deps; done; export OPAL_PREFIX=/opt/deps/usr;
+# mpirun is /opt/deps/usr/bin/mpirun.openmpi (dpkg -x makes no alternatives link). From Debian's archive.
+rm -rf .xfer/mpi-run && mkdir -p .xfer/mpi-run
+( cd .xfer/mpi-run &&
+  apt-get download -q libopenmpi3 openmpi-bin openmpi-common libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 \
+    libpmix2 libfabric1 libucx0 libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200 libpsm2-2 libpsm-infinipath1 \
+    libnuma1 libmunge2 libxnvctrl0 2>&1 | grep -v '^W: Download is performed unsandboxed' ) >/dev/null
 cp .deps/unpack.sh .xfer/deps-run/
 du -sh .xfer/deps-run | cut -f1 | xargs echo "pack_runtime_deps.sh: .xfer/deps-run ready, size"
+du -sh .xfer/mpi-run | cut -f1 | xargs echo "pack_runtime_deps.sh: .xfer/mpi-run ready, size"

@@ -24,6 +24,7 @@
 #include "infer/engine/engine_options.hpp"
 #include "infer/engine/engine_registry.hpp"
 #include "program_flags.hpp"
+#include "tensor_parallel_job.hpp"
 #include "infer/model/dummy.hpp"
 #include "infer/model/model_source.hpp"
 
@@ -53,6 +54,7 @@ struct ModelFlags {
   std::int32_t max_num_batched_tokens = 8192;
   std::string output_json;
   programs::EngineFileFlags engine_file;  ///< --engine-file (and --build-if-missing, --rebuild)
+  int tensor_parallel_size = 1;           ///< ranks the model is split over (mpirun -np N; CPU backend)
 
   void add_to(CLI::App& app) {
     programs::add_model_flags(app, spec);
@@ -70,6 +72,10 @@ struct ModelFlags {
     app.add_option("--max-num-seqs", max_num_seqs, "sequences per step at most");
     app.add_option("--max-num-batched-tokens", max_num_batched_tokens, "tokens per step at most");
     app.add_option("--output-json", output_json, "also write the results to this JSON file (e.g. under bench/results/)");
+    app.add_option("--tensor-parallel-size", tensor_parallel_size,
+                   "ranks the model is split over, one process each (mpirun -np N; CPU backend): every rank runs the "
+                   "same requests, rank 0 prints and writes the record")
+        ->check(CLI::Range(1, 64));
   }
 
   /// The model to load. InvalidArgument when neither or both of --model / --dummy are given.
@@ -106,7 +112,7 @@ struct ModelFlags {
             {"kv_cache_dtype", std::string(to_string(kv_cache_dtype))},
             {"gpu_memory_utilization", gpu_memory_utilization},
             {"max_num_seqs", max_num_seqs},    {"max_num_batched_tokens", max_num_batched_tokens},
-            {"prefix_caching", false}};
+            {"prefix_caching", false},         {"tensor_parallel_size", tensor_parallel_size}};
   }
 };
 
@@ -174,11 +180,20 @@ int with_engine(const char* program, ModelFlags& mf, Body&& body) {
   mf.quantizer = choice.quantizer;
   mf.shape = choice.engine_options.static_shape;
   if (const auto code = programs::resolve_backend_or_exit(program, mf.spec.backend)) return *code;
+  // Tensor parallel: every rank builds its shard and runs the same (seeded) requests, so the collectives pair up;
+  // the others' tables and records would repeat rank 0's, so only rank 0 prints and writes.
+  programs::TensorParallelJob tp(program, mf.tensor_parallel_size);
+  if (!tp.ok()) return tp.fail(2);
+  mf.spec.tensor_parallel = tp.group();
+  if (tp.rank() != 0) {
+    if (std::freopen("/dev/null", "w", stdout) == nullptr) return tp.fail(1);
+    mf.output_json.clear();
+  }
   try {
     return with_engine_type(mf.backend(), choice, std::forward<Body>(body));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
-    return 1;
+    std::fprintf(stderr, "%s: %s%s\n", program, tp.who().c_str(), e.what());
+    return tp.fail(1);
   }
 }
 

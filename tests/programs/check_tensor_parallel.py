@@ -3,7 +3,8 @@
 model split over 2 ranks equal one process's (a dummy Llama shape whose heads, KV heads and MLP divide by 2, with
 the default model's tokenizer), printed once by rank 0; sampled tokens with a seed equal too; infer-offline-batch
 (sampled, unseeded) completes with one summary; a rank killed or stopped mid-job ends the job with a message
-(the stopped one through the collectives' timeout); the default model refused with its numbers (9 heads, 3 KV heads
+(the stopped one through the collectives' timeout); infer-bench-latency and infer-bench-throughput print one table
+and write one record over 2 ranks; the default model refused with its numbers (9 heads, 3 KV heads
 do not divide by 2); a rank count other than mpirun's refused.
 
 usage: check_tensor_parallel.py BIN_DIR MODEL MPIEXEC"""
@@ -68,6 +69,20 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode == 0 and r.stdout.count(" requests on the ") == 1 and "4 requests" in r.stdout
           and "tensor parallel over 2 ranks" in r.stdout,
           f"infer-offline-batch over 2 ranks: one summary ({r.returncode}, {r.stdout[-300:]!r} {r.stderr[-300:]!r})")
+
+    # The bench programs over 2 ranks: one table and one record, rank 0's, of the model split in two.
+    for bench, extra in (("infer-bench-latency", ["--batch-size", "2", "--input-len", "16", "--output-len", "8",
+                                                  "--num-iters", "1"]),
+                         ("infer-bench-throughput", ["--num-prompts", "6", "--input-len", "16", "--output-len", "8"])):
+        record = os.path.join(tmp, bench + ".json")
+        r = subprocess.run([mpiexec, "-n", "2", os.path.join(bin_dir, bench), "--tensor-parallel-size", "2",
+                            "--dummy", config, "--backend", "cpu", "--output-json", record, *extra],
+                           capture_output=True, text=True, timeout=300, env=env)
+        doc = json.load(open(record, encoding="utf-8")) if r.returncode == 0 and os.path.exists(record) else {}
+        check(r.returncode == 0 and r.stdout.count(f"{bench}: ") == 1
+              and doc.get("settings", {}).get("tensor_parallel_size") == 2,
+              f"{bench} over 2 ranks: one table, a record saying TP = 2 ({r.returncode}, {r.stdout[-300:]!r} "
+              f"{r.stderr[-300:]!r})")
 
     # A rank that dies mid-job (SIGKILL) or stops answering (SIGSTOP): the job ends with a message, the second well
     # within the collective timeout (rank 0's collective gives up after INFER_DIST_TIMEOUT_S and ends the job).
