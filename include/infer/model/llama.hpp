@@ -41,6 +41,7 @@
 #include "infer/core/fp8.hpp"
 #include "infer/dist/communicator.hpp"
 #include "infer/kernels/cpu_ops.hpp"
+#include "infer/memory/prefix_hash.hpp"
 #include "infer/model/forward_batch.hpp"
 #include "infer/model/forward_check.hpp"
 #include "infer/model/kv_cache.hpp"
@@ -226,13 +227,10 @@ class LlamaModel<cpu, Q, Attn> {
   /// would pair different data. A fingerprint of the step, compared with rank 0's on every rank; any difference
   /// throws on every rank, so none is left waiting in a collective.
   void check_same_step(std::span<const ForwardChunk> chunks) {
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    const auto mix = [&](std::uint64_t v) { h = (h ^ v) * 0x100000001b3ull; };
-    for (const auto& c : chunks) {
-      mix(static_cast<std::uint64_t>(c.start));
-      mix(c.samples ? 1u : 0u);
-      mix(c.tokens.size());
-      for (const std::int32_t t : c.tokens) mix(static_cast<std::uint32_t>(t));
+    std::uint64_t h = kPrefixHashSeed;
+    for (const auto& c : chunks) {  // each chunk's tokens, chained after its start, sampling and length
+      const std::int32_t head[3] = {c.start, c.samples ? 1 : 0, static_cast<std::int32_t>(c.tokens.size())};
+      h = hash_block(hash_block(h, head), c.tokens);
     }
     std::uint64_t root = h;
     group_->broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&root, 1)), 0);

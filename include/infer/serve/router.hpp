@@ -49,6 +49,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infer/engine/llm.hpp"
+#include "infer/memory/prefix_hash.hpp"
 #include "infer/serve/api_error.hpp"
 #include "infer/serve/engine_worker.hpp"
 
@@ -306,10 +307,7 @@ class Router {
 
   /// The affinity key of a prompt: a hash (FNV-1a) of its first kAffinityTokens tokens.
   [[nodiscard]] static std::uint64_t prefix_key(std::span<const std::int32_t> prompt) noexcept {
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    for (std::size_t i = 0; i < prompt.size() && i < kAffinityTokens; ++i)
-      h = (h ^ static_cast<std::uint32_t>(prompt[i])) * 0x100000001b3ull;
-    return h;
+    return hash_block(kPrefixHashSeed, prompt.first(std::min<std::size_t>(prompt.size(), kAffinityTokens)));
   }
 
   /// The engine the rules pick (among replicas, the balanced one), then the fallbacks.

@@ -27,7 +27,7 @@ EngineSpec base_spec() {
 }
 RouteQuery query(std::int64_t prompt, std::optional<std::int64_t> max_tokens = std::nullopt, std::string text = "hello",
                  std::string endpoint = "chat") {
-  return RouteQuery{prompt, max_tokens, std::move(text), std::move(endpoint)};
+  return RouteQuery{prompt, max_tokens, std::move(text), std::move(endpoint), 0, {}};
 }
 }  // namespace
 
