@@ -159,6 +159,7 @@ struct ModelSource::Impl {
   /// column slices it has copied (alive as long as the shard).
   std::unique_ptr<const Impl> base;
   dist::Group* group = nullptr;
+  dist::DeviceGroup* device_group = nullptr;
   TensorParallel tp;
   mutable std::mutex owned_mutex;
   mutable std::deque<std::vector<std::byte>> owned;
@@ -334,7 +335,7 @@ std::optional<WeightTensor> ModelSource::find(std::string_view role) const {
   return impl_->shard_of(r, std::move(*t));
 }
 
-ModelSource ModelSource::shard(ModelSource source, dist::Group& group) {
+ModelSource ModelSource::shard(ModelSource source, dist::Group& group, dist::DeviceGroup* device) {
   const int size = group.size(), rank = group.rank();
   require<InvalidArgument>(size >= 1 && rank >= 0 && rank < size, "ModelSource::shard: rank ", rank, " of a group of ",
                            size);
@@ -350,6 +351,7 @@ ModelSource ModelSource::shard(ModelSource source, dist::Group& group) {
                                " attention heads, ", c.num_kv_heads, " KV heads and an MLP of ", c.intermediate_size));
   auto impl = std::make_unique<Impl>();
   impl->group = &group;
+  impl->device_group = device;
   impl->tp = TensorParallel{rank, size};
   impl->config = c;
   impl->config.num_heads = c.num_heads / size;
@@ -362,6 +364,8 @@ ModelSource ModelSource::shard(ModelSource source, dist::Group& group) {
 TensorParallel ModelSource::tensor_parallel() const noexcept { return impl_->tp; }
 
 dist::Group* ModelSource::group() const noexcept { return impl_->group; }
+
+dist::DeviceGroup* ModelSource::device_group() const noexcept { return impl_->device_group; }
 
 WeightTensor ModelSource::get(std::string_view role) const {
   if (auto w = find(role)) return std::move(*w);

@@ -57,18 +57,23 @@ __global__ void dequantize_blocks_kernel(const Block* __restrict__ src, Out* __r
   }
 }
 
-/// out[i][:] = row rows[i] of a [*, cols] block tensor, in f32: grid.y = the rows, threads over its groups.
+/// out[i][:] = row rows[i] of a [*, cols] block tensor, in f32 (zeros for a negative index): grid.y = the rows,
+/// threads over its groups.
 template <class Block>
 __global__ void dequantize_rows_kernel(const Block* __restrict__ src, const std::int32_t* __restrict__ rows,
                                        std::int64_t cols, float* __restrict__ dst, bool vec) {
   constexpr int groups = quant::BlockTraits<Block>::groups;
   const std::int64_t row_groups = cols / quant::kGroupSize;
   const std::int64_t i = blockIdx.y;
-  const Block* row = src + static_cast<std::int64_t>(rows[i]) * (cols / quant::BlockTraits<Block>::elems);
+  const bool none = rows[i] < 0;  // a row another tensor-parallel rank holds: zeros
+  const Block* row = src + static_cast<std::int64_t>(none ? 0 : rows[i]) * (cols / quant::BlockTraits<Block>::elems);
   for (std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < row_groups;
        g += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     float v[quant::kGroupSize];
-    quant::dequantize_group(row[g / groups], static_cast<int>(g % groups), v);
+    if (none)
+      for (float& x : v) x = 0.0f;
+    else
+      quant::dequantize_group(row[g / groups], static_cast<int>(g % groups), v);
     store_group(dst + i * cols + g * quant::kGroupSize, v, vec);
   }
 }

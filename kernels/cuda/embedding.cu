@@ -28,7 +28,8 @@ __global__ void embedding_vec_kernel(const uint4* __restrict__ table, const std:
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
     const std::int64_t row = i / chunks_per_row, c = i - row * chunks_per_row;
-    const uint4 w = __ldg(table + static_cast<std::int64_t>(__ldg(ids + row)) * chunks_per_row + c);
+    const std::int32_t id = __ldg(ids + row);
+    const uint4 w = id < 0 ? make_uint4(0, 0, 0, 0) : __ldg(table + static_cast<std::int64_t>(id) * chunks_per_row + c);
     out[2 * i] = make_float4(lo_bf16(w.x), hi_bf16(w.x), lo_bf16(w.y), hi_bf16(w.y));
     out[2 * i + 1] = make_float4(lo_bf16(w.z), hi_bf16(w.z), lo_bf16(w.w), hi_bf16(w.w));
   }
@@ -41,7 +42,7 @@ __global__ void embedding_scalar_kernel(const std::uint16_t* __restrict__ table,
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
     const std::int64_t row = i / dim, c = i - row * dim;
-    out[i] = bf16_to_f32(table[static_cast<std::int64_t>(ids[row]) * dim + c]);
+    out[i] = ids[row] < 0 ? 0.0f : bf16_to_f32(table[static_cast<std::int64_t>(ids[row]) * dim + c]);
   }
 }
 

@@ -13,7 +13,8 @@
 /// (ncclCommAbort) and DistributedError names the rank, the call and the wait; that communicator is not used again.
 ///
 /// The blocking collectives enqueue on the stream and wait for it (what the Communicator concept promises); the
-/// `*_async` ones only enqueue, for a decode step whose kernels and collectives go into one CUDA graph. Before the
+/// `*_async` ones only enqueue, for a decode step whose kernels and collectives go into one CUDA graph. As a
+/// DeviceGroup (dist/device_group.hpp: what the CUDA decoder calls) it enqueues on the caller's stream. Before the
 /// first multi-GPU run (a separate issue), keep NCCL_NVLS_ENABLE=0 in the ranks' environment.
 #if defined(INFER_HAVE_CUDA)
 
@@ -30,10 +31,11 @@
 
 #include "infer/core/error.hpp"
 #include "infer/dist/communicator.hpp"
+#include "infer/dist/device_group.hpp"
 
 namespace infer::dist {
 
-class Nccl {
+class Nccl final : public DeviceGroup {
  public:
   /// A new group's id (rank 0 makes it; the others receive it).
   [[nodiscard]] static ncclUniqueId unique_id() {
@@ -92,9 +94,26 @@ class Nccl {
     if (word_ != nullptr) cudaFree(word_);
   }
 
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] int rank() const noexcept override { return rank_; }
+  [[nodiscard]] int size() const noexcept override { return size_; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+
+  // ---- DeviceGroup: enqueued on the caller's stream, not waited for (the decoder's step; a graph captures them) --
+  [[nodiscard]] bool capturable() const noexcept override { return true; }
+  void all_reduce_sum(float* data, std::size_t n, void* stream) override {
+    if (n > 0)
+      enqueue(ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, static_cast<cudaStream_t>(stream)),
+              "ncclAllReduce", n);
+  }
+  void all_reduce_sum_bf16(std::uint16_t* data, std::size_t n, void* stream) override {
+    if (n > 0)
+      enqueue(ncclAllReduce(data, data, n, ncclBfloat16, ncclSum, comm_, static_cast<cudaStream_t>(stream)),
+              "ncclAllReduce (bf16)", n);
+  }
+  void all_gather(const float* mine, float* all, std::size_t n, void* stream) override {
+    if (n > 0)
+      enqueue(ncclAllGather(mine, all, n, ncclFloat32, comm_, static_cast<cudaStream_t>(stream)), "ncclAllGather", n);
+  }
 
   /// In place, device memory: every rank's values become their sum. Waits for it.
   void all_reduce_sum(std::span<float> values) {

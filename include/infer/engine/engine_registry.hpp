@@ -181,6 +181,8 @@ struct ModelSpec {
   /// A tensor-parallel group this process is one rank of: open() gives its shard (ModelSource::shard). Null:
   /// the whole model. The group must outlive the engines made from this spec.
   dist::Group* tensor_parallel = nullptr;
+  /// cuda: the same group's collectives over device memory (dist::Nccl), which the CUDA decoder needs for a shard.
+  dist::DeviceGroup* tensor_parallel_device = nullptr;
   /// cuda: the device the engine runs on (make_engine makes it the calling thread's current device, so that
   /// thread must be the one that runs the engine: a server's engine thread); -1: the thread's current one.
   int device = -1;
@@ -203,7 +205,7 @@ struct ModelSpec {
   [[nodiscard]] ModelSource open() const {
     ModelSource whole = open_whole();
     if (tensor_parallel == nullptr) return whole;
-    return ModelSource::shard(std::move(whole), *tensor_parallel);
+    return ModelSource::shard(std::move(whole), *tensor_parallel, tensor_parallel_device);
   }
 
  private:

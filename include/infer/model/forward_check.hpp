@@ -2,8 +2,8 @@
 /// \file
 /// `validate_step`: the checks every decoder makes on a step before it writes anything — the cache
 /// matches the model, chunks are non-empty, ids are in the vocabulary, positions stay within the block
-/// tables and the cache. Shared by the CPU and the CUDA decoder so both reject the same steps with the
-/// same messages.
+/// tables and the cache. `check_same_step`: a tensor-parallel rank's step is rank 0's. Shared by the CPU
+/// and the CUDA decoder so both reject the same steps with the same messages.
 
 #include <cstdint>
 #include <iterator>
@@ -12,6 +12,8 @@
 
 #include "infer/attention/kv_view.hpp"
 #include "infer/core/error.hpp"
+#include "infer/dist/communicator.hpp"
+#include "infer/memory/prefix_hash.hpp"
 #include "infer/model/forward_batch.hpp"
 #include "infer/model/model_config.hpp"
 
@@ -62,6 +64,25 @@ std::int64_t validate_step(const ModelConfig& config, std::span<const ForwardChu
   require<InvalidArgument>(total <= std::numeric_limits<std::int32_t>::max(), "LlamaModel::forward: ", total,
                            " tokens in one step");
   return total;
+}
+
+/// Every tensor-parallel rank's step must be rank 0's (the same chunks: starts, tokens, which sample), or their
+/// collectives would pair different data. A fingerprint of the step, compared with rank 0's on every rank; any
+/// difference throws DistributedError on every rank, so none is left waiting in a collective.
+inline void check_same_step(dist::Group& group, std::span<const ForwardChunk> chunks) {
+  std::uint64_t h = kPrefixHashSeed;
+  for (const auto& c : chunks) {  // each chunk's tokens, chained after its start, sampling and length
+    const std::int32_t head[3] = {c.start, c.samples ? 1 : 0, static_cast<std::int32_t>(c.tokens.size())};
+    h = hash_block(hash_block(h, head), c.tokens);
+  }
+  std::uint64_t root = h;
+  group.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&root, 1)), 0);
+  float differ = root == h ? 0.0f : 1.0f;
+  group.all_reduce_sum(std::span<float>(&differ, 1));
+  if (differ != 0.0f)
+    throw DistributedError(detail::cat("tensor-parallel rank ", group.rank(), ": ", differ, " of ", group.size(),
+                                       " ranks were given another step than rank 0 (different requests, or sampling",
+                                       " that differs between ranks); every rank must run the same requests"));
 }
 
 }  // namespace infer

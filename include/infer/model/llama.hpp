@@ -41,7 +41,6 @@
 #include "infer/core/fp8.hpp"
 #include "infer/dist/communicator.hpp"
 #include "infer/kernels/cpu_ops.hpp"
-#include "infer/memory/prefix_hash.hpp"
 #include "infer/model/forward_batch.hpp"
 #include "infer/model/forward_check.hpp"
 #include "infer/model/kv_cache.hpp"
@@ -116,7 +115,7 @@ class LlamaModel<cpu, Q, Attn> {
     const std::int64_t H = config_.hidden_size, qs = config_.q_size(), kvs = config_.kv_size();
     const std::int64_t inter = config_.intermediate_size, V = config_.vocab_size;
     grow(T);
-    if (group_) check_same_step(chunks);
+    if (group_) check_same_step(*group_, chunks);
 
     // Embedding rows and positions, in chunk order.
     std::int64_t row = 0, samples = 0;
@@ -221,25 +220,6 @@ class LlamaModel<cpu, Q, Attn> {
         std::copy_n(&head_gathered_[static_cast<std::size_t>(k) * nb + static_cast<std::size_t>(r * block)], cols,
                     logits + r * V + first);
     }
-  }
-
-  /// Every rank's step must be rank 0's (the same chunks: starts, tokens, which sample), or their collectives
-  /// would pair different data. A fingerprint of the step, compared with rank 0's on every rank; any difference
-  /// throws on every rank, so none is left waiting in a collective.
-  void check_same_step(std::span<const ForwardChunk> chunks) {
-    std::uint64_t h = kPrefixHashSeed;
-    for (const auto& c : chunks) {  // each chunk's tokens, chained after its start, sampling and length
-      const std::int32_t head[3] = {c.start, c.samples ? 1 : 0, static_cast<std::int32_t>(c.tokens.size())};
-      h = hash_block(hash_block(h, head), c.tokens);
-    }
-    std::uint64_t root = h;
-    group_->broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&root, 1)), 0);
-    float differ = root == h ? 0.0f : 1.0f;
-    group_->all_reduce_sum(std::span<float>(&differ, 1));
-    if (differ != 0.0f)
-      throw DistributedError(detail::cat("tensor-parallel rank ", tp_.rank, ": ", differ, " of ", tp_.size,
-                                         " ranks were given another step than rank 0 (different requests, or sampling",
-                                         " that differs between ranks); every rank must run the same requests"));
   }
 
   /// One layer's K/V rows of every chunk into the cache (f32 values, or e4m3 codes of value / scale), then

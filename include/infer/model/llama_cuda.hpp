@@ -20,6 +20,14 @@
 /// The file's parts: the weights (one device arena) in llama_cuda_weights.hpp, the step's metadata
 /// packing in step_metadata_cuda.hpp, the choice and capture of decode graphs in decode_graphs_cuda.hpp;
 /// here the buffers, the step (graph or eager) and the computation. Not thread-safe.
+///
+/// Tensor parallel (a shard: ModelSource::shard with a dist::DeviceGroup): the config is the rank's (its heads,
+/// KV heads and share of the MLP) and the embedding and head hold its block of the vocabulary. The step adds
+/// four collectives on the model's stream: the embedding rows (each rank fills the ids it holds, zeros for the
+/// rest) are summed, the o and down outputs are summed (bf16) before the residual add that takes them, and the
+/// head's logit blocks are all-gathered into [rows][vocab], so every rank samples from the same logits. Each step
+/// first checks over the host group that it is rank 0's (check_same_step). Decode graphs are captured only where
+/// the group's calls can be (NCCL's).
 
 #if defined(INFER_HAVE_CUDA)
 
@@ -38,6 +46,7 @@
 #include "infer/concepts.hpp"
 #include "infer/core/backend.hpp"
 #include "infer/core/error.hpp"
+#include "infer/dist/device_group.hpp"
 #include "infer/engine/engine_options.hpp"
 #include "infer/io/engine_file.hpp"
 #include "infer/sched/step_plan.hpp"
@@ -116,7 +125,7 @@ class LlamaModel<cuda, Q, Attn> {
     grow(cap_tokens_, cap_seqs_, width);
     graphs_.plan(cap_seqs_, cap_tokens_);
     prepared_cache_ = &cache;
-    if (cuda_graphs) {
+    if (cuda_graphs && (dgroup_ == nullptr || dgroup_->capturable())) {
       // Largest first: each capture's warm-up step is where the GEMMs of its M are tuned (GemmTuning::
       // measured, once per power-of-two bucket of M), so a bucket is tuned at its largest captured size.
       for (auto it = graphs_.sizes().rbegin(); it != graphs_.sizes().rend(); ++it) capture(cache, *it);
@@ -201,7 +210,12 @@ class LlamaModel<cuda, Q, Attn> {
 
  private:
   explicit LlamaModel(const ModelSource& src)
-      : config_(src.config()), load_start_(std::chrono::steady_clock::now()), weights_(load_checked(src, stream_)) {
+      : config_(src.config()),
+        tp_(src.tensor_parallel()),
+        group_(src.group()),
+        dgroup_(src.device_group()),
+        load_start_(std::chrono::steady_clock::now()),
+        weights_(load_checked(src, stream_)) {
     std::vector<float> inv = rope_inv_freq(config_);
     inv_freq_ = backend::cuda::DeviceBuffer(inv.size() * sizeof(float));
     inv_freq_.upload(std::span<const float>(inv));
@@ -215,9 +229,13 @@ class LlamaModel<cuda, Q, Attn> {
   /// any weight reaches the device.
   static Weights load_checked(const ModelSource& src, const backend::cuda::Stream& stream) {
     const ModelConfig& c = src.config();
-    if (src.group() != nullptr)
-      throw UnsupportedError(detail::cat(src.describe(), ": tensor parallelism runs on the CPU backend in this version ",
-                                         "(the GPU's collectives over NCCL are not written yet)"));
+    if (src.group() != nullptr && src.device_group() == nullptr)
+      throw UnsupportedError(detail::cat(src.describe(), ": tensor parallelism on the GPU needs the group's device ",
+                                         "collectives (a dist::DeviceGroup: NCCL; ModelSpec::tensor_parallel_device)"));
+    if (src.group() != nullptr && src.tensor_parallel().vocab_rows(c.vocab_size) == 0)
+      throw UnsupportedError(detail::cat(src.describe(), ": a vocabulary of ", c.vocab_size, " leaves tensor-parallel ",
+                                         "rank ", src.tensor_parallel().rank, " of ", src.tensor_parallel().size,
+                                         " no rows of the embedding"));
     if (c.head_dim != 64 && c.head_dim != 128)
       throw UnsupportedError(detail::cat(src.describe(), ": head_dim ", c.head_dim,
                                          " is not supported by the CUDA attention kernels (64 or 128); use the CPU backend"));
@@ -250,6 +268,10 @@ class LlamaModel<cuda, Q, Attn> {
     last_ = backend::cuda::DeviceBuffer(n(S, H, 4));
     lastn_ = backend::cuda::DeviceBuffer(n(S, H, 2));
     logits_ = backend::cuda::DeviceBuffer(n(S, c.vocab_size, 4));
+    if (dgroup_) {  // this rank's block of every sampled row's logits, and every rank's
+      head_block_ = backend::cuda::DeviceBuffer(n(S, tp_.vocab_block(c.vocab_size), 4));
+      head_all_ = backend::cuda::DeviceBuffer(n(S * tp_.size, tp_.vocab_block(c.vocab_size), 4));
+    }
     ids_ = backend::cuda::DeviceBuffer(n(S, 1, 4));
     sampler_.reserve(S, static_cast<int>(c.vocab_size));
     if (const std::size_t ws = weights_.workspace_bytes(T); ws > 0 && scratch_.size() < ws)
@@ -329,7 +351,9 @@ class LlamaModel<cuda, Q, Attn> {
       sh.identity_samples = sh.S == sh.T;
       grow(sh.T, std::max(sh.C, sh.S), width);
     }
+    if (group_) check_same_step(*group_, chunks);
     const StepMetadataLayout m = pack_step_metadata(chunks, sh, bs, pinned_.data());
+    if (dgroup_) hold_own_vocabulary(StepMetadata::at(pinned_.data(), m).ids, sh.T);
     if (step_timer_) step_timer_->start(stream_.handle());
     backend::cuda::check(cudaMemcpyAsync(meta_.data(), pinned_.data(), m.bytes, cudaMemcpyHostToDevice, stream()),
                          "LlamaModel<cuda>: copying the step's metadata");
@@ -373,6 +397,7 @@ class LlamaModel<cuda, Q, Attn> {
     };
 
     weights_.embed(meta.ids, T, H, x, s);
+    if (dgroup_) dgroup_->all_reduce_sum(x, static_cast<std::size_t>(T * H), s);
     // Each residual add is fused into the norm that follows it: the MLP's output of layer l is added by
     // layer l + 1's first norm (or by the final one), the attention output by the MLP's norm.
     const bf16* pending = nullptr;
@@ -412,6 +437,7 @@ class LlamaModel<cuda, Q, Attn> {
       b.prefill_start = meta.starts;
       Attn::attend(cuda{}, b);
       Q::matmul(ctx, L.o, att, rows, o);
+      if (dgroup_) dgroup_->all_reduce_sum_bf16(o, static_cast<std::size_t>(T * H), s);
       const kernels::cuda::ResidualNorm ffn_in = prenorm(o, L.ffn_norm);
       if (!fused_swiglu_normed(ctx, L.gate_up, ffn_in, rows, act)) {
         kernels::cuda::residual_norm(ffn_in, T, H, s);
@@ -422,12 +448,13 @@ class LlamaModel<cuda, Q, Attn> {
       }
       advance(ffn_in);
       Q::matmul(ctx, L.down, act, rows, o);
+      if (dgroup_) dgroup_->all_reduce_sum_bf16(o, static_cast<std::size_t>(T * H), s);
       pending = o;
     }
     if (sh.S == 0) return;
     // Final norm and LM head on the sampled rows: in the head's GEMV where every row samples and the Quantizer
     // takes the norm there (its residual is not written: nothing reads it after the head).
-    if (sh.identity_samples &&
+    if (sh.identity_samples && dgroup_ == nullptr &&
         weights_.logits_normed(ctx, {x, pending, weights_.output_norm(), eps, nullptr, nullptr}, sh.S,
                                logits_.as<float>()))
       return;
@@ -438,7 +465,32 @@ class LlamaModel<cuda, Q, Attn> {
       last = last_.as<float>();
     }
     kernels::cuda::add_rmsnorm(const_cast<float*>(last), nullptr, weights_.output_norm(), sh.S, H, eps, lastn_.as<bf16>(), s);
-    weights_.logits(ctx, lastn_.as<bf16>(), sh.S, c.vocab_size, H, logits_.as<float>());
+    if (dgroup_ == nullptr) {
+      weights_.logits(ctx, lastn_.as<bf16>(), sh.S, c.vocab_size, H, logits_.as<float>());
+      return;
+    }
+    const std::int64_t V = c.vocab_size, block = tp_.vocab_block(V);
+    weights_.logits(ctx, lastn_.as<bf16>(), sh.S, tp_.vocab_rows(V), H, head_block_.as<float>());
+    dgroup_->all_gather(head_block_.as<float>(), head_all_.as<float>(), static_cast<std::size_t>(sh.S * block), s);
+    for (int k = 0; k < tp_.size; ++k) {  // rank k's [S][its rows] into its columns of [S][V]
+      const TensorParallel tk{k, tp_.size};
+      const auto cols = static_cast<std::size_t>(tk.vocab_rows(V));
+      if (cols == 0) continue;
+      backend::cuda::check(cudaMemcpy2DAsync(logits_.as<float>() + tk.vocab_first(V), static_cast<std::size_t>(V) * 4,
+                                             head_all_.as<float>() + static_cast<std::size_t>(k * sh.S * block), cols * 4,
+                                             cols * 4, static_cast<std::size_t>(sh.S), cudaMemcpyDeviceToDevice, stream()),
+                           "LlamaModel<cuda>: placing a rank's logits");
+    }
+  }
+
+  /// A tensor-parallel rank's token ids, in place: the row of its embedding block each id is, or -1 (zeros) for an id
+  /// another rank holds; the all-reduce after the lookup then gives every rank every row.
+  void hold_own_vocabulary(std::int32_t* ids, std::int32_t n) const {
+    const std::int64_t first = tp_.vocab_first(config_.vocab_size), held = tp_.vocab_rows(config_.vocab_size);
+    for (std::int32_t i = 0; i < n; ++i) {
+      const std::int64_t local = ids[i] - first;
+      ids[i] = local >= 0 && local < held ? static_cast<std::int32_t>(local) : -1;
+    }
   }
 
   /// act = SwiGLU of the gate/up projection in one kernel, when the Quantizer has the optional hook
@@ -533,6 +585,9 @@ class LlamaModel<cuda, Q, Attn> {
 
   // In this order: the weights load on stream_, and load_start_ times them.
   ModelConfig config_;
+  TensorParallel tp_;                        ///< this rank's place ({0, 1}: the whole model)
+  dist::Group* group_ = nullptr;             ///< the tensor-parallel group (host), or none
+  dist::DeviceGroup* dgroup_ = nullptr;      ///< its collectives on the device, or none
   backend::cuda::Stream stream_;
   std::chrono::steady_clock::time_point load_start_;
   Weights weights_;
@@ -542,7 +597,7 @@ class LlamaModel<cuda, Q, Attn> {
 
   std::int32_t cap_tokens_ = 0, cap_seqs_ = 0, cap_width_ = 0;
   backend::cuda::DeviceBuffer x_, xn_, qkv_, q_, att_, o_, gu_, act_, split_, last_, lastn_, logits_, ids_, scratch_,
-      meta_, workspace_;
+      meta_, workspace_, head_block_, head_all_;
   backend::cuda::PinnedBuffer pinned_;
   DeviceSampler sampler_;
   DecodeGraphs graphs_;  ///< decode batch sizes with a graph (or, eager, its padded shape), and the graphs

@@ -342,7 +342,9 @@ class LlamaCudaWeights {
   void load(const ModelSource& src, CudaWeightStore& store) {
     using detail::cat;
     const ModelConfig& c = src.config();
-    const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, qs = c.q_size(), kvs = c.kv_size();
+    // A tensor-parallel shard's embedding and head hold its block of the vocabulary (the rest: the whole).
+    const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = src.tensor_parallel().vocab_rows(c.vocab_size),
+                       qs = c.q_size(), kvs = c.kv_size();
     split_out_ = 0;
     layers_.clear();
     const WeightTensor embd = src.get("token_embd");

@@ -43,6 +43,7 @@ class File;
 }
 namespace dist {
 class Group;
+class DeviceGroup;
 }
 class EngineFile;
 
@@ -90,11 +91,15 @@ class ModelSource {
   /// numbers, when the size does not divide the heads, the KV heads or the MLP width; for an engine file; and at
   /// find() for a block-quantized tensor whose columns do not split on block boundaries, for a quantized
   /// checkpoint's companion tensors, and for biases of attn_output or ffn_down.
-  [[nodiscard]] static ModelSource shard(ModelSource whole, dist::Group& group);
+  /// `device`: the same group's collectives over device memory (dist/device_group.hpp), for the CUDA decoder; the
+  /// CPU decoder uses `group`.
+  [[nodiscard]] static ModelSource shard(ModelSource whole, dist::Group& group, dist::DeviceGroup* device = nullptr);
   /// This source's place in its tensor-parallel group ({0, 1} unless it is a shard).
   [[nodiscard]] TensorParallel tensor_parallel() const noexcept;
   /// The group a shard was made for (nullptr unless it is a shard): the decoder's collectives go through it.
   [[nodiscard]] dist::Group* group() const noexcept;
+  /// The device collectives a shard was given (nullptr when none: the CUDA decoder then refuses the shard).
+  [[nodiscard]] dist::DeviceGroup* device_group() const noexcept;
 
   ModelSource(ModelSource&&) noexcept;
   ModelSource& operator=(ModelSource&&) noexcept;

@@ -36,8 +36,9 @@ void dequantize(DType type, const void* src_device, float* dst_device, std::size
 void dequantize(DType type, const void* src_device, std::uint16_t* dst_device, std::size_t elems, void* stream);
 
 /// Gathers rows: dst[i][:] = row rows[i] of the [*, cols] GGUF block tensor at `src_device`, in f32, equal to
-/// cpu::dequantize of that row bit for bit (an embedding kept in its file's blocks). Row ids are not checked
-/// (they come from the tokenizer, checked on admission). n ≤ 65,535; UnsupportedError for a type that is not
+/// cpu::dequantize of that row bit for bit (an embedding kept in its file's blocks); zeros for a negative row
+/// id (a row another tensor-parallel rank holds). Row ids are not checked otherwise (they come from the
+/// tokenizer, checked on admission). n ≤ 65,535; UnsupportedError for a type that is not
 /// a GGUF block type, InvalidArgument for a bad shape or null pointers.
 void dequantize_rows(DType type, const void* src_device, const std::int32_t* rows, std::int64_t n, std::int64_t cols,
                      float* dst_device, void* stream);

@@ -170,9 +170,11 @@ void gguf_gemv_swiglu(DType type, const void* w_gate_up, const ResidualNorm& x, 
 /// Whether the decoder folds the pre-norm of M rows of K into the GGUF GEMV (the ResidualNorm overloads above).
 /// Each of the GEMV's CTAs reads the residual and delta twice and the norm's weight once (~12·M·K + 4·K bytes from
 /// L2, against 2·M·K for bf16 x), which the ~2 us a norm kernel costs in a graph pays for where M·K is small:
-/// by default where M·K ≤ kGemvNormMaxValues (SmolLM2's K = 576 up to 3 rows; not Llama-3-8B's K = 4,096, where
-/// it is not measured yet). INFER_GGUF_GEMV_NORM=0 never, =1 always (read once; for A/B runs in one build).
-inline constexpr std::int64_t kGemvNormMaxValues = 2048;
+/// by default where M·K ≤ kGemvNormMaxValues, one row of Llama-3-8B's K = 4,096 (SmolLM2's K = 576 up to 7 rows).
+/// Measured at batch 1 on an H100 (cf3cfb0, 2026-12-07, bench/results/gpu-2026-12-07): SmolLM2 Q4_1 +8.9%, 8B
+/// Q4_K_M +2.8%, 8B Q8_0 +1.7% decode tokens/s against the norm kernel; batches of the 8B (M·K ≥ 8,192) keep
+/// the norm kernel until measured. INFER_GGUF_GEMV_NORM=0 never, =1 always (read once; for A/B runs in one build).
+inline constexpr std::int64_t kGemvNormMaxValues = 4096;
 [[nodiscard]] bool gguf_gemv_fuses_norm(int M, std::int64_t K);
 
 /// The largest M `gguf_mmq` accepts.

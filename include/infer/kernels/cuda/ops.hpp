@@ -19,8 +19,9 @@
 namespace infer::kernels::cuda {
 
 /// out[i][:] = f32(table_bf16[ids[i]][:]) for i < n: the token embeddings into the f32 residual
-/// stream. Ids must lie in [0, vocab): they come from the tokenizer and are checked on the host
-/// when a request is admitted, so the kernel does not check them again.
+/// stream; zeros for a negative id (a row another tensor-parallel rank holds). Ids must lie below the
+/// table's rows: they come from the tokenizer and are checked on the host when a request is admitted, so
+/// the kernel does not check them again.
 void embedding(const std::uint16_t* table_bf16, const std::int32_t* ids, std::int64_t n, std::int64_t dim,
                float* out, void* stream);
 
