@@ -54,7 +54,7 @@ struct ModelFlags {
   std::int32_t max_num_batched_tokens = 8192;
   std::string output_json;
   programs::EngineFileFlags engine_file;  ///< --engine-file (and --build-if-missing, --rebuild)
-  int tensor_parallel_size = 1;           ///< ranks the model is split over (mpirun -np N; CPU backend)
+  int tensor_parallel_size = 1;           ///< ranks the model is split over (mpirun -np N; cpu, or cuda over NCCL)
 
   void add_to(CLI::App& app) {
     programs::add_model_flags(app, spec);
@@ -73,7 +73,7 @@ struct ModelFlags {
     app.add_option("--max-num-batched-tokens", max_num_batched_tokens, "tokens per step at most");
     app.add_option("--output-json", output_json, "also write the results to this JSON file (e.g. under bench/results/)");
     app.add_option("--tensor-parallel-size", tensor_parallel_size,
-                   "ranks the model is split over, one process each (mpirun -np N; CPU backend): every rank runs the "
+                   "ranks the model is split over, one process each (mpirun -np N; cpu, or cuda over NCCL): every rank runs the "
                    "same requests, rank 0 prints and writes the record")
         ->check(CLI::Range(1, 64));
   }
@@ -184,7 +184,7 @@ int with_engine(const char* program, ModelFlags& mf, Body&& body) {
   // the others' tables and records would repeat rank 0's, so only rank 0 prints and writes.
   programs::TensorParallelJob tp(program, mf.tensor_parallel_size);
   if (!tp.ok()) return tp.fail(2);
-  mf.spec.tensor_parallel = tp.group();
+  if (!tp.attach(program, mf.spec)) return tp.fail(2);
   if (tp.rank() != 0) {
     if (std::freopen("/dev/null", "w", stdout) == nullptr) return tp.fail(1);
     mf.output_json.clear();

@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
   int tp_size = 1;
   app.add_option("--tensor-parallel-size", tp_size,
                  "under mpirun -np N: the model split over N ranks, each holding 1/N of its heads, MLP and vocabulary "
-                 "(cpu backend), rank 0 printing")
+                 "(cpu, or cuda over NCCL: one GPU a rank), rank 0 printing")
       ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
   if (data_parallel && tp_size > 1) {
@@ -228,6 +228,7 @@ int main(int argc, char** argv) {
 
   if (const auto code = infer::programs::prepare_engine_file("infer-generate", engine_file, spec, opt)) return *code;
   if (const auto code = infer::programs::resolve_backend_or_exit("infer-generate", spec.backend)) return *code;
+  if (!tp.attach("infer-generate", spec)) return fail(2);
   try {
     spec.validate();
     if (!kv_memory.empty()) opt.engine_options.kv_cache_bytes = infer::parse_memory_size(kv_memory);

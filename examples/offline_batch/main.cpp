@@ -9,7 +9,7 @@
 //     (a bare tokenizer.json carries no chat template: name a built-in one)
 //   mpirun -np N infer-offline-batch --data-parallel ...   the classic Ray + vLLM job without Ray: one engine
 //     per rank (the local rank's GPU), the prompts split into N chunks, one summary and the answers at rank 0
-//   mpirun -np N infer-offline-batch --tensor-parallel-size N ...   one model split over N ranks (CPU backend)
+//   mpirun -np N infer-offline-batch --tensor-parallel-size N ...   one model split over N ranks (cpu; cuda over NCCL)
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
                "one summary and the answers at rank 0");
   int tp_size = 1;
   app.add_option("--tensor-parallel-size", tp_size,
-                 "under mpirun -np N: the model split over N ranks (cpu backend), rank 0 printing")
+                 "under mpirun -np N: the model split over N ranks (cpu, or cuda over NCCL: one GPU a rank), rank 0 printing")
       ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
   if (data_parallel && tp_size > 1) {
@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
 
   if (const auto code = infer::programs::prepare_engine_file("infer-offline-batch", engine_file, spec, opt)) return *code;
   if (const auto code = infer::programs::resolve_backend_or_exit("infer-offline-batch", spec.backend)) return *code;
+  if (!tp.attach("infer-offline-batch", spec)) return fail(2);
   try {
     spec.validate();
     sp.validate();

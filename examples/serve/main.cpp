@@ -4,7 +4,7 @@
 //               [--served-model-name NAME]... [engine and cache flags of infer-generate]
 //   infer-serve --model MODEL --router CONFIG.json     several engines behind the hybrid router
 //   infer-serve --model MODEL --data-parallel-size N   N replicas (cuda: one per GPU), balanced by the router
-//   mpirun -np N infer-serve --tensor-parallel-size N ...   one model split over N ranks (CPU backend): rank 0
+//   mpirun -np N infer-serve --tensor-parallel-size N ...   one model split over N ranks (cpu; cuda over NCCL): rank 0
 //               serves HTTP, the others run its engine's steps with it (dist/lockstep_engine.hpp)
 //   infer-serve --dummy llama3-8b --tokenizer MODEL --backend cuda   a model shape with random weights
 //
@@ -98,6 +98,7 @@ int follow_rank_zero(infer::programs::TensorParallelJob& tp, infer::ModelSpec sp
     if (!kv_memory.empty()) llm.engine_options.kv_cache_bytes = infer::parse_memory_size(kv_memory);
     infer::apply_engine_file(spec, llm);
     if (const auto code = infer::programs::resolve_backend_or_exit("infer-serve", spec.backend)) return tp.fail(*code);
+    if (!tp.attach("infer-serve", spec)) return tp.fail(2);
     infer::check_engine_choice(spec.backend, llm);
     llm.engine_options.validate();
     const auto engine = infer::make_engine(spec, llm);
@@ -182,7 +183,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   int tp_size = 1;
   app.add_option("--tensor-parallel-size", tp_size,
-                 "ranks the model is split over, one process each (mpirun -np N; CPU backend): rank 0 serves HTTP, the "
+                 "ranks the model is split over, one process each (mpirun -np N; cpu, or cuda over NCCL): rank 0 serves HTTP, the "
                  "others run its engine's steps with it")
       ->check(CLI::Range(1, 64));
   // Hidden from --help: the routes it adds let any client stall the server.
@@ -208,8 +209,11 @@ int main(int argc, char** argv) {
   }
   infer::programs::TensorParallelJob tp("infer-serve", tp_size);
   if (!tp.ok()) return tp.fail(2);
-  spec.tensor_parallel = tp.group();
   if (tp.rank() != 0) return follow_rank_zero(tp, spec, llm, kv_memory);
+  if (tp.group() != nullptr) {  // rank 0 joins the device collectives where the followers do: before loading
+    if (const auto code = infer::programs::resolve_backend_or_exit("infer-serve", spec.backend)) return tp.fail(*code);
+    if (!tp.attach("infer-serve", spec)) return tp.fail(2);
+  }
   so.model_path = spec.dummy.empty() ? spec.model.string() : spec.dummy;
   if (so.served_model_names.empty()) so.served_model_names.push_back(spec.name());
 

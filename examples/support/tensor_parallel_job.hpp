@@ -3,8 +3,8 @@
 // as the group the model is split over (ModelSpec::tensor_parallel: each rank loads its shard), every rank running
 // the same requests, rank 0 printing; in a server, rank 0 serves and the others follow its engine (control()).
 // Without the flag (size 1) it is a job of one and costs nothing; in a build without MPI, a size above 1 is
-// refused. This version runs tensor parallelism on the CPU backend (the GPU's collectives over NCCL are not
-// written yet).
+// refused. On the cuda backend each rank takes its local rank's GPU and the model's collectives go over NCCL
+// (attach()), joined through MPI; a build without NCCL refuses it.
 #include <fmt/core.h>
 
 #include <chrono>
@@ -15,8 +15,13 @@
 #include <string>
 
 #include "infer/dist/communicator.hpp"
+#include "infer/dist/data_parallel.hpp"
+#include "infer/engine/engine_registry.hpp"
 #if INFER_HAVE_MPI
 #include "infer/dist/mpi.hpp"
+#endif
+#if INFER_HAVE_MPI && INFER_HAVE_NCCL
+#include "infer/dist/nccl.hpp"
 #endif
 
 namespace infer::programs {
@@ -29,6 +34,7 @@ class TensorParallelJob {
     if (size <= 1) return;
 #if INFER_HAVE_MPI
     mpi_.emplace();
+    (void)dist::select_local_gpu(mpi_->local_rank());  // before anything touches CUDA: rank i on GPU i of its host
     world_.emplace();
     group_.emplace(*world_);
     // A year: a follower of an idle server waits here for the next step without end (see control()).
@@ -68,6 +74,24 @@ class TensorParallelJob {
     return nullptr;
   }
 
+  /// Makes `spec` load this rank's shard: the host group, and on the cuda backend (spec.backend resolved) the
+  /// group's collectives over NCCL on this rank's GPU, joined through MPI. Every rank calls it at the same point.
+  /// False after printing why when the build has no NCCL and the backend is cuda.
+  [[nodiscard]] bool attach([[maybe_unused]] const char* program, ModelSpec& spec) {
+    spec.tensor_parallel = group();
+    if (spec.tensor_parallel == nullptr || spec.backend != "cuda") return true;
+#if INFER_HAVE_MPI && INFER_HAVE_NCCL
+    if (!nccl_) nccl_.emplace(dist::Nccl::join(*world_, 0, nullptr));
+    spec.tensor_parallel_device = &*nccl_;
+    return true;
+#else
+    if (rank_ == 0)
+      fmt::print(stderr, "{}: tensor parallelism on cuda needs a build with NCCL (libnccl beside the CUDA toolkit); "
+                         "use --backend cpu\n", program);
+    return false;
+#endif
+  }
+
   /// "rank R: " in a parallel job, for error messages.
   [[nodiscard]] std::string who() const { return group_active() ? fmt::format("rank {}: ", rank_) : std::string(); }
 
@@ -102,6 +126,9 @@ class TensorParallelJob {
   std::optional<dist::GroupOf<dist::Mpi>> group_;
   std::optional<dist::Mpi> control_world_;
   std::optional<dist::GroupOf<dist::Mpi>> control_;
+#endif
+#if INFER_HAVE_MPI && INFER_HAVE_NCCL
+  std::optional<dist::Nccl> nccl_;  ///< the model's collectives on the GPU (cuda backend), after the MPI group
 #endif
   bool ok_ = true;
   int rank_ = 0;
