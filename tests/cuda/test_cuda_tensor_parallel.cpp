@@ -8,10 +8,8 @@
 
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <functional>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "infer/dist/device_group.hpp"
@@ -33,24 +31,12 @@ namespace {
 
 using TpModel = LlamaModel<cuda, Bf16, PagedAttention<>>;
 
-/// Runs body(rank, host group, device group) on `size` threads; rethrows the first exception.
+/// Runs body(rank, host group, device group) on `size` threads: the device group copies through the host one.
 void run_ranks(int size, const std::function<void(int, dist::Group&, dist::DeviceGroup&)>& body) {
-  ThreadGroupState state(size);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      ThreadGroup g(state, r);
-      dist::HostStaged d(g);
-      try {
-        body(r, g, d);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  test::run_ranks(size, [&](int rank, dist::Group& g) {
+    dist::HostStaged d(g);
+    body(rank, g, d);
+  });
 }
 
 }  // namespace

@@ -6,7 +6,10 @@
 #include <barrier>
 #include <cstddef>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "infer/core/error.hpp"
@@ -75,5 +78,26 @@ class ThreadGroup final : public dist::Group {
   ThreadGroupState& s_;
   int rank_;
 };
+
+/// Runs body(rank, group) on `size` threads, one per rank of one ThreadGroup; rethrows the first rank's exception
+/// once every thread has ended (a rank that throws mid-collective leaves the others waiting: bodies that can fail
+/// mid-way catch and finish their collectives themselves).
+inline void run_ranks(int size, const std::function<void(int, dist::Group&)>& body) {
+  ThreadGroupState state(size);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      ThreadGroup g(state, r);
+      try {
+        body(r, g);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
 
 }  // namespace infer::test

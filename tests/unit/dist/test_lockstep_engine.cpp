@@ -4,11 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <exception>
 #include <string>
-#include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "infer/dist/lockstep_engine.hpp"
@@ -20,6 +17,7 @@
 
 using namespace infer;
 using Tokens = std::vector<std::int32_t>;
+using test::run_ranks;
 using Catch::Contains;
 
 namespace {
@@ -49,23 +47,6 @@ std::unique_ptr<CpuEngine> engine_of(ModelSource src) {
   return std::make_unique<CpuEngine>(std::move(src), o);
 }
 
-void run_ranks(int size, const std::function<void(int, dist::Group&)>& body) {
-  test::ThreadGroupState state(size);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      test::ThreadGroup g(state, r);
-      try {
-        body(r, g);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 SamplingParams greedy(std::int32_t n) {
   SamplingParams p;

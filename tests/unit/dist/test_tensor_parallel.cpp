@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <thread>
 #include <vector>
 
 #include "infer/engine/presets.hpp"
@@ -18,6 +17,7 @@
 
 using namespace infer;
 using Tokens = std::vector<std::int32_t>;
+using test::run_ranks;
 using Catch::Contains;
 
 namespace {
@@ -46,24 +46,6 @@ std::vector<float> values_of(const WeightTensor& t) {
   return v;
 }
 
-/// Runs body(rank, group) on `size` threads, one per rank; rethrows the first rank's exception.
-void run_ranks(int size, const std::function<void(int, dist::Group&)>& body) {
-  test::ThreadGroupState state(size);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      test::ThreadGroup g(state, r);
-      try {
-        body(r, g);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 /// Greedy tokens of `prompts`, each for `n` tokens, on the paged CPU engine from `src`.
 std::vector<Tokens> greedy(ModelSource src, const std::vector<Tokens>& prompts, std::int32_t n) {
