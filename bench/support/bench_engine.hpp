@@ -170,6 +170,11 @@ inline double mean(const std::vector<double>& v) {
 /// printed as "program: message" (exit 1). `mf.backend` becomes the backend resolved ("auto" → cpu/cuda).
 template <class Body>
 int with_engine(const char* program, ModelFlags& mf, Body&& body) {
+  // Tensor parallel: every rank builds its shard and runs the same (seeded) requests, so the collectives pair up;
+  // the others' tables and records would repeat rank 0's, so only rank 0 prints and writes. The job starts first:
+  // it picks the rank's GPU (CUDA_VISIBLE_DEVICES), which only counts before anything touches CUDA.
+  programs::TensorParallelJob tp(program, mf.tensor_parallel_size);
+  if (!tp.ok()) return tp.fail(2);
   // An engine file fixes the engine, quantizer and shape: the flags take its values (or are refused).
   LlmOptions choice;
   choice.engine = mf.engine;
@@ -180,10 +185,6 @@ int with_engine(const char* program, ModelFlags& mf, Body&& body) {
   mf.quantizer = choice.quantizer;
   mf.shape = choice.engine_options.static_shape;
   if (const auto code = programs::resolve_backend_or_exit(program, mf.spec.backend)) return *code;
-  // Tensor parallel: every rank builds its shard and runs the same (seeded) requests, so the collectives pair up;
-  // the others' tables and records would repeat rank 0's, so only rank 0 prints and writes.
-  programs::TensorParallelJob tp(program, mf.tensor_parallel_size);
-  if (!tp.ok()) return tp.fail(2);
   if (!tp.attach(program, mf.spec)) return tp.fail(2);
   if (tp.rank() != 0) {
     if (std::freopen("/dev/null", "w", stdout) == nullptr) return tp.fail(1);

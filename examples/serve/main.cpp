@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
                so.http.max_connections, fit);
     so.http.max_connections = fit;
   }
-  if (const auto code = infer::programs::prepare_engine_file("infer-serve", engine_file, spec, llm)) return *code;
+  // The tensor-parallel job starts before anything touches CUDA: it picks the rank's GPU (CUDA_VISIBLE_DEVICES).
   if (tp_size > 1 && (dp_size > 1 || !router_config.empty())) {
     fmt::print(stderr, "infer-serve: --tensor-parallel-size serves one engine; give it without --data-parallel-size "
                        "and --router\n");
@@ -209,6 +209,7 @@ int main(int argc, char** argv) {
   }
   infer::programs::TensorParallelJob tp("infer-serve", tp_size);
   if (!tp.ok()) return tp.fail(2);
+  if (const auto code = infer::programs::prepare_engine_file("infer-serve", engine_file, spec, llm)) return *code;
   if (tp.rank() != 0) return follow_rank_zero(tp, spec, llm, kv_memory);
   if (tp.group() != nullptr) {  // rank 0 joins the device collectives where the followers do: before loading
     if (const auto code = infer::programs::resolve_backend_or_exit("infer-serve", spec.backend)) return tp.fail(*code);
