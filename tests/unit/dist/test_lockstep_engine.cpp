@@ -13,32 +13,18 @@
 #include "infer/engine/presets.hpp"
 #include "infer/model/dummy.hpp"
 #include "infer/model/model_source.hpp"
+#include "support/split_llama.hpp"
 #include "support/thread_group.hpp"
 
 using namespace infer;
 using Tokens = std::vector<std::int32_t>;
 using test::run_ranks;
+using test::split_llama;
 using Catch::Contains;
 
 namespace {
 
 using CpuEngine = EngineAdapter<PagedEngine<cpu, 16>>;
-
-ModelConfig small_config() {
-  ModelConfig c = dummy_preset("smollm2-135m");
-  c.vocab_size = 101;
-  c.hidden_size = 64;
-  c.num_heads = 4;
-  c.num_kv_heads = 4;
-  c.head_dim = 16;
-  c.intermediate_size = 96;
-  c.num_layers = 2;
-  c.max_position_embeddings = 2048;
-  c.tie_word_embeddings = false;
-  c.bos_token_id.reset();
-  c.eos_token_ids.clear();
-  return c;
-}
 
 std::unique_ptr<CpuEngine> engine_of(ModelSource src) {
   EngineOptions o;
@@ -115,7 +101,7 @@ TEST_CASE("a lockstep leader's requests, aborts and steps run on every rank of a
   // Alone, the whole model: what the greedy requests must give.
   std::vector<Tokens> want;
   {
-    auto one = engine_of(ModelSource::dummy(small_config(), 3));
+    auto one = engine_of(ModelSource::dummy(split_llama(), 3));
     for (const auto& t : prompts) one->add_request(t, greedy(10));
     while (one->has_unfinished())
       for (const auto& out : one->step())
@@ -132,7 +118,7 @@ TEST_CASE("a lockstep leader's requests, aborts and steps run on every rank of a
     // A long prompt: its record is past one broadcast's inline bytes (4096), so it takes the second broadcast.
     const Tokens long_prompt(1500, 42);
     run_ranks(size, [&](int rank, dist::Group& g) {
-      auto mine = engine_of(ModelSource::shard(ModelSource::dummy(small_config(), 3), g));
+      auto mine = engine_of(ModelSource::shard(ModelSource::dummy(split_llama(), 3), g));
       CpuEngine& engine = *mine;
       if (rank != 0) {
         follower_steps[static_cast<std::size_t>(rank)] = dist::follow_leader(engine, g);
@@ -197,7 +183,7 @@ TEST_CASE("a follower that cannot do what the leader did stops the job, naming i
   // a quiet divergence.
   std::string error;
   run_ranks(2, [&](int rank, dist::Group& g) {
-    ModelConfig c = small_config();
+    ModelConfig c = split_llama();
     if (rank == 1) c.max_position_embeddings = 16;
     auto mine = engine_of(ModelSource::dummy(c, 3));
     if (rank == 1) {

@@ -13,32 +13,17 @@
 #include "infer/model/model_source.hpp"
 #include "infer/quant/f32.hpp"
 #include "support/fixtures.hpp"
+#include "support/split_llama.hpp"
 #include "support/thread_group.hpp"
 
 using namespace infer;
 using Tokens = std::vector<std::int32_t>;
 using test::run_ranks;
+using test::split_llama;
 using Catch::Contains;
 
 namespace {
 
-/// A Llama shape whose heads, KV heads and MLP split over 2 and 4 ranks, with a vocabulary that does not (101:
-/// blocks of 51 and 26, the last rank's fewer).
-ModelConfig small_config() {
-  ModelConfig c = dummy_preset("smollm2-135m");
-  c.vocab_size = 101;
-  c.hidden_size = 64;
-  c.num_heads = 4;
-  c.num_kv_heads = 4;
-  c.head_dim = 16;
-  c.intermediate_size = 96;
-  c.num_layers = 2;
-  c.max_position_embeddings = 256;
-  c.tie_word_embeddings = false;
-  c.bos_token_id.reset();
-  c.eos_token_ids.clear();
-  return c;
-}
 
 std::vector<float> values_of(const WeightTensor& t) {
   std::vector<float> v(t.elements());
@@ -65,7 +50,7 @@ std::vector<Tokens> greedy(ModelSource src, const std::vector<Tokens>& prompts, 
 }  // namespace
 
 TEST_CASE("ModelSource::shard splits a Llama model as Megatron-LM does", "[dist][tensor_parallel]") {
-  const ModelConfig c = small_config();
+  const ModelConfig c = split_llama();
   const ModelSource whole = ModelSource::dummy(c, 7);
   test::ThreadGroupState state(2);
   for (int rank = 0; rank < 2; ++rank) {
@@ -152,7 +137,7 @@ TEST_CASE("TP = 2 and 4 greedy tokens equal TP = 1 on a dummy model and the tiny
     std::function<ModelSource()> open;
     int max_size;
   };
-  const Case cases[] = {{"dummy", [] { return ModelSource::dummy(small_config(), 3); }, 4},
+  const Case cases[] = {{"dummy", [] { return ModelSource::dummy(split_llama(), 3); }, 4},
                         {"tiny_llama", [] { return ModelSource::open(test::fixture("tiny_llama")); }, 2},
                         {"tiny_qwen2", [] { return ModelSource::open(test::fixture("tiny_qwen2")); }, 2}};
   for (const Case& c : cases) {
@@ -175,7 +160,7 @@ TEST_CASE("tensor-parallel ranks given different steps fail that step together, 
   run_ranks(2, [&](int rank, dist::Group& g) {
     EngineOptions o;
     o.kv_cache_bytes = std::size_t{4} << 20;
-    PagedEngine<cpu, 16> engine(ModelSource::shard(ModelSource::dummy(small_config(), 3), g), o);
+    PagedEngine<cpu, 16> engine(ModelSource::shard(ModelSource::dummy(split_llama(), 3), g), o);
     SamplingParams p;
     p.temperature = 0;
     p.max_tokens = 4;
