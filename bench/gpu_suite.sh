@@ -504,6 +504,60 @@ print('file tensor bytes', sys.argv[1], sum(int(t.n_bytes) for t in r.tensors))"
       --batch-size 1 --input-len 512 --output-len 2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
     python3 bench/ncu_summary.py "$out/ncu-decode-b1-d8b-q4_k_m.csv" | tee "$out/ncu-decode-b1-d8b-q4_k_m.txt"
     ;;
+  mpi-launch)  # issue 21: TP = 1 and DP = 1 through the MPI launch against the plain run, SmolLM2 Q4_1, alternating
+    # twice: the bench programs (batch-1 decode 512 + 128; 1024 x (128, 128)) plain and under `mpirun -n 1
+    # ... --tensor-parallel-size 1`; infer-generate (one 512-token prompt, then 1,024 of 128 tokens, 128 out,
+    # greedy, EOS ignored) plain and as `mpirun -n 1 infer-generate --data-parallel`, which starts MPI and
+    # gathers the results at rank 0. The prompts are common English words, one SmolLM2 token each (checked on
+    # the CPU: 126 words, 126 tokens). MPIRUN: Open MPI's launcher (default: mpirun on the PATH).
+    mpirun=${MPIRUN:-mpirun}
+    "$mpirun" --version | head -1 || { echo "gpu_suite.sh mpi-launch: no $mpirun" >&2; exit 2; }
+    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    prompts() {  # prompts N WORDS FILE
+      python3 - "$@" <<'PY_'
+import random, sys
+n, w, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+words = ("time year people way day man thing woman life child world school state family student group country "
+         "problem hand part place case week company system program question work government number night point "
+         "home water room mother area money story fact month lot right study book eye job word business issue side "
+         "kind head house service friend father power hour game line end member law car city community name").split()
+r = random.Random(n)
+with open(path, "w") as f:
+    for _ in range(n):
+        f.write(" ".join(r.choice(words) for _ in range(w)) + "\n")
+PY_
+    }
+    n=${MPI_LAUNCH_PROMPTS:-1024} backend=${MPI_LAUNCH_BACKEND:-cuda}  # (smaller, and cpu, to try it on a CPU)
+    prompts 1 512 /tmp/prompts-1x512.txt && prompts "$n" 128 /tmp/prompts-${n}x128.txt || exit 1
+    as_mpi() { "$mpirun" --allow-run-as-root -n 1 "$@"; }
+    summary() {  # summary RESULTS RECORD: infer-generate's job summary, printed in one line and kept as RECORD
+      python3 - "$@" <<'PY_'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+s = doc["summary"]
+json.dump({k: doc.get(k) for k in ("model", "data_parallel", "summary")}, open(sys.argv[2], "w"), indent=1)
+print(f"  {s['requests']} requests, {s['output_tokens']} output tokens in {s['seconds']:.3f} s: "
+      f"{s['output_tokens_per_s']:.1f} output tok/s, mean TTFT {s['mean_ttft_ms']:.2f} ms")
+PY_
+    }
+    gen=(--model $model --backend $backend --max-tokens 128 --ignore-eos --temperature 0 --kv-cache-memory 8G --json)
+    for r in 1 2; do
+      for how in plain mpirun; do
+        pre=(); tp=(); dp=()
+        [ $how = mpirun ] && { pre=(as_mpi); tp=(--tensor-parallel-size 1); dp=(--data-parallel); }
+        echo "== run $r, $how"
+        run "${pre[@]}" "$bin"/infer-bench-latency --model $model --backend $backend --batch-size 1 --input-len 512 \
+          --output-len 128 --num-iters 5 "${tp[@]}" --output-json "$out/mpi-launch-latency-$how-r$r.json"
+        run "${pre[@]}" "$bin"/infer-bench-throughput --model $model --backend $backend --num-prompts $n \
+          --input-len 128 --output-len 128 "${tp[@]}" --output-json "$out/mpi-launch-throughput-$how-r$r.json"
+        for p in 1x512 ${n}x128; do
+          f=/tmp/mpi-launch-generate.json
+          run "${pre[@]}" "$bin"/infer-generate "${gen[@]}" "${dp[@]}" --prompts /tmp/prompts-$p.txt >$f &&
+            echo "  infer-generate $p:" && summary $f "$out/mpi-launch-generate-$p-$how-r$r.json"
+        done
+      done
+    done
+    ;;
   connections)
     # The issue "The server holds under bursts, slow clients and hang-ups": on the H200, cpp-httplib's server
     # lost 8 of 300 requests at 50 concurrent and 32 of 1,200 at 200 ("connection: Read"), each request on a
@@ -524,7 +578,7 @@ print('file tensor bytes', sys.argv[1], sum(int(t.n_bytes) for t in r.tensors))"
     run python3 tests/programs/check_serve_connections.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
     ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|unpack|test [PART]|reference [T..]|seeds N...|bench|engines|early-ab|serve|router|connections|peer-serve" >&2
+    echo "usage: bench/gpu_suite.sh build|unpack|test [PART]|reference [T..]|seeds N...|bench|engines|early-ab|serve|router|connections|peer-serve|mpi-launch" >&2
     exit 2
     ;;
 esac

@@ -8,9 +8,11 @@
 # machine has (source .deps/unpack.sh there). Carry .xfer/gpu-build.tar.xz in the call that unpacks it, beside
 # .deps when the two fit one call's 64 MiB carry (20 + 35 MB on 2026-12-06): otherwise unpack .deps in a call
 # of its own (`source .deps/unpack.sh && cp .deps/unpack.sh /opt/deps/`), then `source /opt/deps/unpack.sh` in
-# the call that carries the archive. xz, not gzip: the programs share most of their bytes (the CUDA kernels
-# are linked into each), which xz's window finds across files and gzip's 32 KiB one does not (35 against
-# 47 MB at 8b718e1; ~20 s to pack on 2 cores).
+# the call that carries the archive. xz, not gzip, with a dictionary larger than all the programs together:
+# they share most of their bytes (the CUDA kernels are linked into each, ~38 MB a program at e305708), which
+# only a window spanning files finds. xz -6's 8 MiB one no longer did: test_cuda, test_nccl, infer-generate and
+# the two bench programs packed into 38 MB with it and into 12 MB with a 192 MiB one (one thread, ~50 s on
+# 2 cores; xz's threads would cut the stream into blocks that each start with an empty dictionary).
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -41,6 +43,6 @@ done
 mkdir -p .xfer
 grep -qx '/.xfer/' .git/info/exclude 2>/dev/null || echo '/.xfer/' >>.git/info/exclude
 rm -f .xfer/gpu-build.tgz  # the gzip archive earlier versions made
-tar cf - -C "$build" gpu-build.manifest "${files[@]}" | xz -T"$(nproc)" -6 >.xfer/gpu-build.tar.xz
+tar cf - -C "$build" gpu-build.manifest "${files[@]}" | xz -T1 --lzma2=preset=6,dict=192MiB >.xfer/gpu-build.tar.xz
 echo "packed $(du -h .xfer/gpu-build.tar.xz | cut -f1): .xfer/gpu-build.tar.xz"
 cat "$build/gpu-build.manifest"
