@@ -547,13 +547,15 @@ PY_
         [ $how = mpirun ] && { pre=(as_mpi); tp=(--tensor-parallel-size 1); dp=(--data-parallel); }
         echo "== run $r, $how"
         run "${pre[@]}" "$bin"/infer-bench-latency --model $model --backend $backend --batch-size 1 --input-len 512 \
-          --output-len 128 --num-iters 5 "${tp[@]}" --output-json "$out/mpi-launch-latency-$how-r$r.json"
+          --output-len 128 --num-iters ${MPI_LAUNCH_ITERS:-5} "${tp[@]}" --output-json "$out/mpi-launch-latency-$how-r$r.json"
         run "${pre[@]}" "$bin"/infer-bench-throughput --model $model --backend $backend --num-prompts $n \
           --input-len 128 --output-len 128 "${tp[@]}" --output-json "$out/mpi-launch-throughput-$how-r$r.json"
         for p in 1x512 ${n}x128; do
           f=/tmp/mpi-launch-generate.json
-          run "${pre[@]}" "$bin"/infer-generate "${gen[@]}" "${dp[@]}" --prompts /tmp/prompts-$p.txt >$f &&
-            echo "  infer-generate $p:" && summary $f "$out/mpi-launch-generate-$p-$how-r$r.json"
+          cmd=("${pre[@]}" "$bin"/infer-generate "${gen[@]}" "${dp[@]}" --prompts /tmp/prompts-$p.txt)
+          echo "+ ${cmd[*]}"  # (not through run: its echo would land in the JSON)
+          if "${cmd[@]}" >$f; then summary $f "$out/mpi-launch-generate-$p-$how-r$r.json"
+          else echo "FAILED ($?): ${cmd[*]}"; fail=1; fi
         done
       done
     done
