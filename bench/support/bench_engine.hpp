@@ -180,7 +180,9 @@ int with_engine(const char* program, ModelFlags& mf, Body&& body) {
   choice.engine = mf.engine;
   choice.quantizer = mf.quantizer;
   choice.engine_options.static_shape = mf.shape;
-  if (const auto code = programs::prepare_engine_file(program, mf.engine_file, mf.spec, choice)) return *code;
+  if (const auto code = programs::prepare_engine_file(program, mf.engine_file, mf.spec, choice,
+                                                      tp.place()))
+    return tp.fail(*code);
   mf.engine = choice.engine;
   mf.quantizer = choice.quantizer;
   mf.shape = choice.engine_options.static_shape;

@@ -226,7 +226,9 @@ int main(int argc, char** argv) {
   sp.seed = seed;
   opt.engine_options.enable_prefix_caching = !no_prefix_caching;
 
-  if (const auto code = infer::programs::prepare_engine_file("infer-generate", engine_file, spec, opt)) return *code;
+  if (const auto code = infer::programs::prepare_engine_file("infer-generate", engine_file, spec, opt,
+                                                             tp.place()))
+    return fail(*code);
   if (const auto code = infer::programs::resolve_backend_or_exit("infer-generate", spec.backend)) return *code;
   if (!tp.attach("infer-generate", spec)) return fail(2);
   try {

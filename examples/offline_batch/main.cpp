@@ -71,7 +71,9 @@ int main(int argc, char** argv) {
   // Tensor-parallel ranks must sample the same tokens: each request's seed derives from rank 0's.
   const std::uint64_t tp_seed = tp.group() ? tp.common_seed() : 0;
 
-  if (const auto code = infer::programs::prepare_engine_file("infer-offline-batch", engine_file, spec, opt)) return *code;
+  if (const auto code = infer::programs::prepare_engine_file("infer-offline-batch", engine_file, spec, opt,
+                                                             tp.place()))
+    return fail(*code);
   if (const auto code = infer::programs::resolve_backend_or_exit("infer-offline-batch", spec.backend)) return *code;
   if (!tp.attach("infer-offline-batch", spec)) return fail(2);
   try {

@@ -209,7 +209,9 @@ int main(int argc, char** argv) {
   }
   infer::programs::TensorParallelJob tp("infer-serve", tp_size);
   if (!tp.ok()) return tp.fail(2);
-  if (const auto code = infer::programs::prepare_engine_file("infer-serve", engine_file, spec, llm)) return *code;
+  if (const auto code = infer::programs::prepare_engine_file("infer-serve", engine_file, spec, llm,
+                                                             tp.place()))
+    return tp.fail(*code);
   if (tp.rank() != 0) return follow_rank_zero(tp, spec, llm, kv_memory);
   if (tp.group() != nullptr) {  // rank 0 joins the device collectives where the followers do: before loading
     if (const auto code = infer::programs::resolve_backend_or_exit("infer-serve", spec.backend)) return tp.fail(*code);

@@ -66,32 +66,41 @@ inline void add_engine_file_flags(CLI::App& app, EngineFileFlags& f) {
 
 /// With --engine-file: builds the file when asked (--rebuild, or --build-if-missing and it is absent) from
 /// `spec` with `options`, saying so on stderr, then points `spec` at it (the model, dummy shape and tokenizer
-/// flags only say what to build from). InvalidArgument when the file is missing and no build was asked for,
-/// or a build was asked for without a model. Nothing happens without --engine-file.
-inline void use_engine_file(const char* program, const EngineFileFlags& f, ModelSpec& spec, const LlmOptions& options) {
+/// flags only say what to build from). In a tensor-parallel job (`place`: this process's rank) the file is the
+/// rank's (tensor_parallel_engine_path: "F" -> "F.tp<N>-rank<r>" before the extension), as infer-build
+/// --tensor-parallel-size writes them, and a build builds this rank's shard. InvalidArgument when the file is
+/// missing and no build was asked for, or a build was asked for without a model. Nothing happens without
+/// --engine-file.
+inline void use_engine_file(const char* program, const EngineFileFlags& f, ModelSpec& spec, const LlmOptions& options,
+                            TensorParallel place = {}) {
   using detail::cat;
   if (f.file.empty()) {
     if (f.build_if_missing || f.rebuild)
       throw InvalidArgument("--build-if-missing and --rebuild build an engine file: give --engine-file FILE");
     return;
   }
+  const std::filesystem::path file = tensor_parallel_engine_path(f.file, place);
   std::error_code ec;
-  const bool exists = std::filesystem::exists(f.file, ec);
+  const bool exists = std::filesystem::exists(file, ec);
   if (f.rebuild || (!exists && f.build_if_missing)) {
     if (spec.model.empty() && spec.dummy.empty())
-      throw InvalidArgument(cat("building engine file '", f.file.string(), "' needs the model to build it from: ",
+      throw InvalidArgument(cat("building engine file '", file.string(), "' needs the model to build it from: ",
                                 "give --model PATH or --dummy SHAPE"));
     const auto t0 = std::chrono::steady_clock::now();
-    const EngineBuildReport r = build_engine_file(spec, options, f.file);
+    const EngineBuildReport r = build_engine_file(spec, options, file, place);
     std::fprintf(stderr, "%s: built engine file '%s' from %s (%s engine, quantizer %s, %.1f MB) in %.1f s\n", program,
-                 f.file.string().c_str(), r.info.model.c_str(), r.info.engine.c_str(), r.info.quantizer.c_str(),
+                 file.string().c_str(), r.info.model.c_str(), r.info.engine.c_str(), r.info.quantizer.c_str(),
                  static_cast<double>(r.file_bytes) / 1e6,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   } else if (!exists) {
-    throw InvalidArgument(cat("engine file '", f.file.string(), "' does not exist: build it with infer-build, or add ",
+    if (place.split())
+      throw InvalidArgument(cat("engine file '", file.string(), "' (", place.describe(), " of '", f.file.string(),
+                                "') does not exist: build the ranks' files with infer-build --tensor-parallel-size ",
+                                place.size, " --output ", f.file.string(), ", or add --build-if-missing with --model"));
+    throw InvalidArgument(cat("engine file '", file.string(), "' does not exist: build it with infer-build, or add ",
                               "--build-if-missing with --model"));
   }
-  spec.model = f.file;
+  spec.model = file;
   spec.dummy.clear();
   spec.tokenizer.clear();
 }
@@ -100,9 +109,9 @@ inline void use_engine_file(const char* program, const EngineFileFlags& f, Model
 /// (apply_engine_file). Prints "program: error" and returns exit code 1 on failure; call it before
 /// resolve_backend_or_exit, so "auto" takes the file's backend.
 inline std::optional<int> prepare_engine_file(const char* program, const EngineFileFlags& f, ModelSpec& spec,
-                                              LlmOptions& options) {
+                                              LlmOptions& options, TensorParallel place = {}) {
   try {
-    use_engine_file(program, f, spec, options);
+    use_engine_file(program, f, spec, options, place);
     apply_engine_file(spec, options);
     return std::nullopt;
   } catch (const Error& e) {

@@ -32,6 +32,7 @@ class TensorParallelJob {
   /// mpirun started another number of ranks).
   TensorParallelJob([[maybe_unused]] const char* program, int size) {
     if (size <= 1) return;
+    size_ = size;
 #if INFER_HAVE_MPI
     mpi_.emplace();
     (void)dist::select_local_gpu(mpi_->local_rank());  // before anything touches CUDA: rank i on GPU i of its host
@@ -56,6 +57,8 @@ class TensorParallelJob {
 
   [[nodiscard]] bool ok() const noexcept { return ok_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// This process's place in the split ({0, 1} for a job of one): which rank's engine file it loads or builds.
+  [[nodiscard]] TensorParallel place() const noexcept { return {rank_, size_}; }
   /// The group the model is split over (ModelSpec::tensor_parallel), or null for a job of one.
   [[nodiscard]] dist::Group* group() noexcept {
 #if INFER_HAVE_MPI
@@ -132,6 +135,7 @@ class TensorParallelJob {
 #endif
   bool ok_ = true;
   int rank_ = 0;
+  int size_ = 1;
 };
 
 }  // namespace infer::programs

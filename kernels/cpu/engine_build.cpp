@@ -6,6 +6,7 @@
 
 #include <memory>
 
+#include "infer/dist/communicator.hpp"
 #include "infer/model/llama_weights.hpp"
 #include "infer/version.hpp"
 
@@ -25,13 +26,19 @@ EngineBuildReport write_weights(const ModelSource& src, EngineFileInfo info, con
 
 }  // namespace
 
-EngineBuildReport build_engine_file(const ModelSpec& spec, const LlmOptions& options, const std::filesystem::path& out) {
+EngineBuildReport build_engine_file(const ModelSpec& spec, const LlmOptions& options, const std::filesystem::path& out,
+                                    TensorParallel place) {
   using detail::cat;
   spec.validate();
   options.engine_options.validate();
+  require<InvalidArgument>(place.valid(), "build_engine_file: rank ", place.rank, " of a group of ", place.size);
   const std::string backend = resolve_backend(spec.backend);
   check_engine_choice(backend, options);
-  const ModelSource src = spec.open();
+  if (!place.split() && spec.tensor_parallel != nullptr) place = {spec.tensor_parallel->rank(), spec.tensor_parallel->size()};
+  ModelSpec whole = spec;  // the shard is cut from the whole model here, with no group: nothing is exchanged
+  whole.tensor_parallel = nullptr;
+  whole.tensor_parallel_device = nullptr;
+  const ModelSource src = place.split() ? ModelSource::shard(whole.open(), place) : whole.open();
   EngineFileInfo info;
   info.library_version = INFER_VERSION;
   info.backend = backend;
@@ -40,7 +47,8 @@ EngineBuildReport build_engine_file(const ModelSpec& spec, const LlmOptions& opt
   info.block_size = options.block_size;
   info.quantizer = options.quantizer;
   info.engine_options = options.engine_options;
-  info.config = src.config();
+  info.config = src.config();  // a shard's: its heads and MLP width
+  info.tensor_parallel = src.tensor_parallel();
   info.model = src.describe();
   info.model_name = spec.name();
   // The FP8 KV-cache scales the checkpoint ships, for an engine that runs with --kv-cache-dtype fp8 later.

@@ -252,9 +252,9 @@ EngineFile EngineFile::open(const std::filesystem::path& path) {
   if (all.size() < kPreamble)
     throw FormatError(cat(where, " is truncated: ", all.size(), " bytes, shorter than its ", kPreamble, "-byte preamble"));
   const auto version = get_le<std::uint32_t>(all.data() + 8);
-  if (version != kEngineFileVersion)
-    throw UnsupportedError(cat(where, " has format version ", version, "; this build of infer reads version ",
-                               kEngineFileVersion, ": rebuild it with this infer-build"));
+  if (version < kOldestEngineFileVersion || version > kEngineFileVersion)
+    throw UnsupportedError(cat(where, " has format version ", version, "; this build of infer reads versions ",
+                               kOldestEngineFileVersion, " to ", kEngineFileVersion, ": rebuild it with this infer-build"));
   const auto header_len = get_le<std::uint64_t>(all.data() + 16);
   const auto checksum = get_le<std::uint64_t>(all.data() + 24);
   if (header_len > all.size() - kPreamble)
@@ -293,6 +293,13 @@ EngineFile EngineFile::open(const std::filesystem::path& path) {
           static_cast<std::int64_t>(info.kv_cache_scales.size()) != info.config.num_layers)
         throw FormatError(cat(info.kv_cache_scales.size(), " layers of KV-cache scales for ", info.config.num_layers,
                               " layers"));
+    }
+    if (j.contains("tensor_parallel")) {  // version 4; a version 3 file holds the whole model
+      const auto& tp = j.at("tensor_parallel");
+      info.tensor_parallel = {tp.at(0).get<int>(), tp.at(1).get<int>()};
+      if (!info.tensor_parallel.valid())
+        throw FormatError(cat("tensor-parallel rank ", info.tensor_parallel.rank, " of ", info.tensor_parallel.size,
+                              " is not a rank of its group"));
     }
     if (!j.at("tokenizer").is_null()) impl->tokenizer = tokenizer_from(j.at("tokenizer"), where);
     j.at("data_offset").get_to(impl->data_offset);
@@ -388,6 +395,7 @@ std::uint64_t EngineFileWriter::write(const std::filesystem::path& path, EngineF
             {"gemm_algorithms", info.gemm_algorithms},
             {"scalars", info.scalars},
             {"kv_cache_scales", info.kv_cache_scales},
+            {"tensor_parallel", {info.tensor_parallel.rank, info.tensor_parallel.size}},
             {"tokenizer", tokenizer ? tokenizer_json(*tokenizer) : json(nullptr)},
             {"parts", std::move(table)},
             {"data_bytes", end},

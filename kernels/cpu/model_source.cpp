@@ -243,9 +243,7 @@ struct ModelSource::Impl {
   [[nodiscard]] WeightTensor shard_of(const Role& r, WeightTensor t) const {
     const std::string_view n = r.name->canonical;
     const auto size = static_cast<std::uint64_t>(tp.size), rank = static_cast<std::uint64_t>(tp.rank);
-    if (r.companion())
-      throw UnsupportedError(cat("tensor '", t.name, "': tensor parallelism does not split a quantized checkpoint's ",
-                                 r.suffix, " tensors"));
+    if (r.companion()) return shard_scale_of(r, std::move(t));
     if (n == "attn_q" || n == "attn_k" || n == "attn_v" || n == "ffn_gate" || n == "ffn_up") {
       const auto R = static_cast<std::uint64_t>(t.rows());
       if (R % size != 0)
@@ -271,6 +269,31 @@ struct ModelSource::Impl {
     return t;  // norms: every rank holds them whole
   }
 
+  /// This rank's part of an FP8 or INT8 checkpoint's scale for role r: a per-tensor value (and input_scale, which
+  /// is one) whole on every rank; a per-channel weight_scale ([out] or [out, 1]) the rows the rank takes of the
+  /// weight (its heads, its share of the MLP, its block of the vocabulary), or whole where the weight's columns
+  /// are split (attn_output, ffn_down: every output row on every rank). GPTQ and AWQ's packed tensors are refused.
+  [[nodiscard]] WeightTensor shard_scale_of(const Role& r, WeightTensor t) const {
+    const std::string_view n = r.name->canonical;
+    if (r.suffix != "weight_scale" && r.suffix != "input_scale")
+      throw UnsupportedError(cat("tensor '", t.name, "': tensor parallelism does not split GPTQ or AWQ checkpoints' ",
+                                 "packed tensors (", r.suffix, ")"));
+    if (t.elements() == 1 || n == "attn_output" || n == "ffn_down") return t;
+    if (r.suffix == "input_scale" || t.shape.empty() || (t.shape.size() == 2 && t.shape[1] != 1) || t.shape.size() > 2)
+      return t;  // not one value a row: the quantizer refuses its shape
+    const auto size = static_cast<std::uint64_t>(tp.size), rank = static_cast<std::uint64_t>(tp.rank);
+    const auto R = static_cast<std::uint64_t>(t.shape[0]);
+    if (n == "token_embd" || n == "output") {
+      const std::int64_t V = root().config.vocab_size;
+      if (R != static_cast<std::uint64_t>(V)) return t;
+      const auto first = static_cast<std::uint64_t>(tp.vocab_first(V));
+      return slice_rows(std::move(t), first, first + static_cast<std::uint64_t>(tp.vocab_rows(V)));
+    }
+    if (R % size != 0)
+      throw FormatError(cat("tensor '", t.name, "' has ", R, " rows, which ", size, " ranks cannot share evenly"));
+    return slice_rows(std::move(t), rank * R / size, (rank + 1) * R / size);
+  }
+
   [[nodiscard]] std::string name_of(const Role& r) const {
     if (gguf)
       return r.layer < 0 ? cat(r.name->canonical, ".", r.suffix) : cat("blk.", r.layer, ".", r.name->canonical, ".", r.suffix);
@@ -290,6 +313,7 @@ ModelSource ModelSource::open(const std::filesystem::path& path) {
   if (!std::filesystem::is_directory(path, ec) && EngineFile::is_engine_file(path)) {
     impl->engine.emplace(EngineFile::open(path));
     impl->config = impl->engine->info().config;
+    impl->tp = impl->engine->info().tensor_parallel;  // a rank's file: its decoder needs the group (shard)
     if (const auto& spec = impl->engine->tokenizer()) impl->tokenizer.emplace(*spec);
   } else if (std::filesystem::is_directory(path, ec)) {
     impl->checkpoint.emplace(safetensors::Checkpoint::open(path));
@@ -335,30 +359,56 @@ std::optional<WeightTensor> ModelSource::find(std::string_view role) const {
   return impl_->shard_of(r, std::move(*t));
 }
 
-ModelSource ModelSource::shard(ModelSource source, dist::Group& group, dist::DeviceGroup* device) {
-  const int size = group.size(), rank = group.rank();
-  require<InvalidArgument>(size >= 1 && rank >= 0 && rank < size, "ModelSource::shard: rank ", rank, " of a group of ",
-                           size);
+ModelSource ModelSource::shard(ModelSource source, TensorParallel place) {
+  require<InvalidArgument>(place.valid(), "ModelSource::shard: rank ", place.rank, " of a group of ", place.size);
   require<InvalidArgument>(!source.impl_->base, "ModelSource::shard: ", source.describe(), " is a shard already");
   const Impl& whole = *source.impl_;
-  if (whole.engine)
-    throw UnsupportedError(cat(whole.describe(), ": tensor parallelism loads a model file (GGUF, safetensors) or a ",
-                               "dummy model, not an engine file"));
-  const ModelConfig& c = whole.config;
-  if (c.num_heads % size != 0 || c.num_kv_heads % size != 0 || c.intermediate_size % size != 0)
-    throw UnsupportedError(cat("tensor parallelism over ", size, " ranks needs ", size, " to divide the attention heads, ",
-                               "the KV heads and the MLP width; ", whole.describe(), " has ", c.num_heads,
-                               " attention heads, ", c.num_kv_heads, " KV heads and an MLP of ", c.intermediate_size));
   auto impl = std::make_unique<Impl>();
-  impl->group = &group;
-  impl->device_group = device;
-  impl->tp = TensorParallel{rank, size};
-  impl->config = c;
-  impl->config.num_heads = c.num_heads / size;
-  impl->config.num_kv_heads = c.num_kv_heads / size;
-  impl->config.intermediate_size = c.intermediate_size / size;
+  impl->tp = place;
+  if (whole.engine) {
+    // An engine file built from a shard holds that rank's weights and config already (infer-build
+    // --tensor-parallel-size): only that rank of a group of that size loads it.
+    const TensorParallel built = whole.engine->info().tensor_parallel;
+    if (built != place)
+      throw UnsupportedError(cat(whole.describe(), " holds ", built.describe(), "; this is ", place.describe(),
+                                 built.split() ? "" : cat(": tensor parallelism loads one engine file per rank, built by ",
+                                                          "infer-build --tensor-parallel-size ", place.size),
+                                 built.split() && built.size == place.size
+                                     ? " (give --engine-file the name infer-build was given: each rank loads its own file)"
+                                     : ""));
+    impl->config = whole.config;
+  } else {
+    const ModelConfig& c = whole.config;
+    const int size = place.size;
+    if (c.num_heads % size != 0 || c.num_kv_heads % size != 0 || c.intermediate_size % size != 0)
+      throw UnsupportedError(cat("tensor parallelism over ", size, " ranks needs ", size, " to divide the attention ",
+                                 "heads, the KV heads and the MLP width; ", whole.describe(), " has ", c.num_heads,
+                                 " attention heads, ", c.num_kv_heads, " KV heads and an MLP of ", c.intermediate_size));
+    impl->config = c;
+    impl->config.num_heads = c.num_heads / size;
+    impl->config.num_kv_heads = c.num_kv_heads / size;
+    impl->config.intermediate_size = c.intermediate_size / size;
+  }
   impl->base = std::move(source.impl_);
   return ModelSource(std::move(impl));
+}
+
+ModelSource ModelSource::shard(ModelSource source, dist::Group& group, dist::DeviceGroup* device) {
+  ModelSource part = shard(std::move(source), TensorParallel{group.rank(), group.size()});
+  part.impl_->group = &group;
+  part.impl_->device_group = device;
+  return part;
+}
+
+void require_group_for_split(const ModelSource& src) {
+  const TensorParallel tp = src.tensor_parallel();
+  if (!tp.split() || src.group() != nullptr) return;
+  if (src.engine_file() != nullptr)
+    throw UnsupportedError(cat(src.describe(), " holds ", tp.describe(), ": run it on ", tp.size, " ranks (mpirun -np ",
+                               tp.size, " PROGRAM --tensor-parallel-size ", tp.size, " --engine-file with the name ",
+                               "infer-build was given; each rank loads its own file)"));
+  throw UnsupportedError(cat(src.describe(), " has no group for its collectives: ModelSource::shard(whole, group) ",
+                             "makes a shard that runs; shard(whole, place) is for building engine files"));
 }
 
 TensorParallel ModelSource::tensor_parallel() const noexcept { return impl_->tp; }

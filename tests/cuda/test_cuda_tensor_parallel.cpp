@@ -8,15 +8,18 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <vector>
 
 #include "infer/dist/device_group.hpp"
+#include "infer/engine/engine_build.hpp"
 #include "infer/engine/presets.hpp"
 #include "infer/model/dummy.hpp"
 #include "infer/testing/tiny_model.hpp"
 #include "support/cuda_test_support.hpp"
+#include "support/engine_file_support.hpp"
 #include "support/greedy_workload.hpp"
 #include "support/rounding_noise.hpp"
 #include "support/thread_group.hpp"
@@ -144,4 +147,51 @@ TEST_CASE("GPU decoder refuses a shard without device collectives, naming what i
     }
   });
   CHECK_THAT(error, Contains("needs the group's device collectives"));
+}
+
+TEST_CASE("GPU tensor-parallel engine files: each rank loads its own and gets its shard's tokens, each cuda quantizer",
+          "[cuda][engine_file][dist]") {
+  // A Llama shape that splits in two (4 heads, 2 KV heads, an MLP of 512; INT4's groups of 128 stay whole in the
+  // split columns), as the config.json ModelSpec reads.
+  const auto config = test::engine_temp_path("infer_cuda_tp_engine_file_test", "config.json");
+  std::ofstream(config) << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
+    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2})";
+  const ModelSpec whole{.dummy = config.string(), .dummy_seed = 5, .backend = "cuda"};
+  const std::vector<Tokens> prompts = {{1, 17, 42, 99, 3}, {1, 200, 5}, {1, 7, 7, 7, 7, 7, 7, 7, 120, 33, 506, 12}};
+  for (const std::string quantizer : {"bf16", "fp8", "int8", "int4"}) {
+    DYNAMIC_SECTION("quantizer " << quantizer) {
+      LlmOptions o;
+      o.quantizer = quantizer;
+      o.engine_options.kv_cache_bytes = std::size_t{16} << 20;
+      o.engine_options.max_model_len = 256;
+      o.engine_options.enforce_eager = true;  // a host-staged group cannot be captured
+      const auto path = test::engine_temp_path("infer_cuda_tp_engine_file_test", quantizer + ".engine");
+      for (int rank = 0; rank < 2; ++rank) {
+        const EngineBuildReport r = build_engine_file(whole, o, tensor_parallel_engine_path(path, {rank, 2}), {rank, 2});
+        CHECK(r.info.tensor_parallel == TensorParallel{rank, 2});
+        CHECK(r.info.config.num_kv_heads == 1);
+      }
+      std::vector<std::vector<Tokens>> direct(2), built(2);
+      run_ranks(2, [&](int rank, dist::Group& g, dist::DeviceGroup& d) {
+        ModelSpec model = whole;
+        model.tensor_parallel = &g;
+        model.tensor_parallel_device = &d;
+        direct[static_cast<std::size_t>(rank)] = test::engine_greedy(*make_engine(model, o), prompts, 16);
+        ModelSpec file{.model = tensor_parallel_engine_path(path, {rank, 2}), .backend = "cuda"};
+        file.tensor_parallel = &g;
+        file.tensor_parallel_device = &d;
+        LlmOptions run;  // the file says the engine and quantizer
+        run.engine_options = o.engine_options;
+        auto engine = make_engine(file, run);
+        built[static_cast<std::size_t>(rank)] = test::engine_greedy(*engine, prompts, 16);
+        CHECK(engine->kv_stats().used_blocks == 0);
+      });
+      CHECK(direct[1] == direct[0]);
+      CHECK(built[0] == direct[0]);  // the same bytes to the same kernels
+      CHECK(built[1] == direct[0]);
+      for (const auto& t : built[0]) CHECK(t.size() == 16);
+    }
+  }
 }

@@ -5,7 +5,8 @@ the default model's tokenizer), printed once by rank 0; sampled tokens with a se
 (sampled, unseeded) completes with one summary; a rank killed or stopped mid-job ends the job with a message
 (the stopped one through the collectives' timeout); infer-bench-latency and infer-bench-throughput print one table
 and write one record over 2 ranks; the default model refused with its numbers (9 heads, 3 KV heads
-do not divide by 2); a rank count other than mpirun's refused.
+do not divide by 2); a rank count other than mpirun's refused; engine files built per rank by infer-build
+--tensor-parallel-size, loaded by 2 ranks with the unsplit model's tokens, and the files refused where they do not fit.
 
 usage: check_tensor_parallel.py BIN_DIR MODEL MPIEXEC"""
 import json
@@ -44,6 +45,7 @@ with tempfile.TemporaryDirectory() as tmp:
         f.write("The capital of France is\nWrite a haiku about the sea\nOne two three\n")
     common = ["--dummy", config, "--tokenizer", model, "--backend", "cpu", "--ignore-eos", "--max-tokens", "12",
               "--json", "--prompts", prompts]
+    greedy = None  # one process's greedy tokens
     for label, extra in (("greedy", ["--temperature", "0"]), ("sampled, seed 7", ["--temperature", "0.8", "--seed", "7"])):
         one = run(0, *common, *extra)
         check(one.returncode == 0, f"{label}: one process exits 0 ({one.stderr[-300:]!r})")
@@ -52,6 +54,7 @@ with tempfile.TemporaryDirectory() as tmp:
         if one.returncode != 0 or two.returncode != 0:
             continue
         want = [x["outputs"][0]["token_ids"] for x in json.loads(one.stdout)["results"]]
+        greedy = want if label == "greedy" else greedy
         doc = json.loads(two.stdout)  # one document: only rank 0 printed
         got = [x["outputs"][0]["token_ids"] for x in doc["results"]]
         check(got == want, f"{label}: TP = 2 tokens equal TP = 1 ({got} vs {want})")
@@ -61,6 +64,39 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run(2, *common, "--temperature", "1.0")
     check(r.returncode == 0 and all(x["outputs"][0]["finish_reason"] == "length" for x in json.loads(r.stdout)["results"])
           if r.returncode == 0 else False, f"unseeded sampling on 2 ranks completes ({r.stderr[-300:]!r})")
+
+    # Engine files per rank, TensorRT-LLM's flow: infer-build --tensor-parallel-size 2 writes each rank's file (one
+    # process, no mpirun); every rank is given the same --engine-file and loads its own; the tokens are the
+    # unsplit model's (f32 on the CPU splits exactly).
+    engine = os.path.join(tmp, "split.engine")
+    build = [os.path.join(bin_dir, "infer-build"), "--dummy", config, "--tokenizer", model, "--backend", "cpu"]
+    r = subprocess.run([*build, "--tensor-parallel-size", "2", "--output", engine],
+                       capture_output=True, text=True, timeout=300, env=env)
+    ranks = [os.path.join(tmp, f"split.tp2-rank{k}.engine") for k in (0, 1)]
+    check(r.returncode == 0 and all(os.path.exists(f) for f in ranks) and not os.path.exists(engine)
+          and "rank 1 of a 2-way tensor-parallel split" in r.stdout,
+          f"infer-build --tensor-parallel-size 2 writes one file per rank ({r.returncode}, {r.stdout[-300:]!r} "
+          f"{r.stderr[-300:]!r})")
+    from_files = ["--engine-file", engine, "--ignore-eos", "--max-tokens", "12", "--json", "--prompts", prompts,
+                  "--temperature", "0"]
+    r = run(2, *from_files)
+    got = [x["outputs"][0]["token_ids"] for x in json.loads(r.stdout)["results"]] if r.returncode == 0 else None
+    check(greedy is not None and got == greedy,
+          f"2 ranks on their engine files: the greedy tokens of one process on the model ({r.stderr[-300:]!r})")
+    r = run(0, "--engine-file", ranks[0], "--max-tokens", "2", "Hello")
+    check(r.returncode != 0 and "holds rank 0 of a 2-way tensor-parallel split" in r.stderr and "mpirun -np 2" in r.stderr,
+          f"one rank's file in one process is refused, saying how to run it ({r.returncode}, {r.stderr[-300:]!r})")
+    whole = os.path.join(tmp, "whole.engine")
+    r = subprocess.run([*build, "--output", whole], capture_output=True, text=True, timeout=300, env=env)
+    check(r.returncode == 0, f"infer-build of the whole model ({r.stderr[-300:]!r})")
+    r = run(2, "--engine-file", whole, "--max-tokens", "2", "Hello")
+    check(r.returncode != 0 and "whole.tp2-rank0.engine" in r.stderr
+          and "infer-build --tensor-parallel-size 2" in r.stderr,
+          f"2 ranks given a whole model's file are told to build the ranks' files ({r.returncode}, {r.stderr[-300:]!r})")
+    r = subprocess.run([mpiexec, "-n", "2", *build, "--tensor-parallel-size", "2", "--output", engine],
+                       capture_output=True, text=True, timeout=120, env=env)
+    check(r.returncode == 2 and "not under mpirun" in r.stderr,
+          f"infer-build under mpirun is refused ({r.returncode}, {r.stderr[-300:]!r})")
 
     # The offline batch job (sampled, unseeded): every rank samples what rank 0 does; one summary, from rank 0.
     r = subprocess.run([mpiexec, "-n", "2", os.path.join(bin_dir, "infer-offline-batch"), "--tensor-parallel-size", "2",

@@ -1,14 +1,19 @@
 #pragma once
 /// The tiny Llama fixture rewritten as another checkpoint (its linear layers in a quantized layout, or
-/// dequantized to f32), and a model's logits over a prompt: what the quantizer tests compare.
+/// dequantized to f32), FP8 and INT8 checkpoints' layouts of a weight, and a model's logits over a prompt: what the
+/// quantizer and tensor-parallel tests compare.
+#include <algorithm>
 #include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "infer/attention/paged_attention.hpp"
+#include "infer/core/fp8.hpp"
 #include "infer/model/llama.hpp"
 #include "infer/quant/f32.hpp"
+#include "infer/quant/fp8.hpp"
+#include "infer/quant/int8_weight_only.hpp"
 #include "support/fixtures.hpp"
 #include "support/safetensors_writer.hpp"
 #include "unit/engine/engine_test_support.hpp"
@@ -73,5 +78,33 @@ std::vector<float> prompt_logits(const std::filesystem::path& model, const Token
   return all;
 }
 
+
+/// An FP8 checkpoint's layout of a weight: F8_E4M3 [out, in] and an f32 weight_scale, per channel ([out]) or,
+/// with `per_tensor`, one value (the row scales' largest, the codes re-rounded to it).
+inline std::vector<SafetensorsEntry> fp8_entries(const std::string& name, const std::vector<float>& w,
+                                                 std::int64_t out, std::int64_t in, bool per_tensor) {
+  auto q = Fp8::quantize(w, out, in);
+  std::vector<float> scale = q.scale;
+  if (per_tensor) {
+    const float s = *std::max_element(scale.begin(), scale.end());
+    for (std::size_t k = 0; k < w.size(); ++k) q.q[k] = f32_to_e4m3(w[k] / s);
+    scale = {s};
+  }
+  const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+  const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+  return {SafetensorsEntry::of<std::uint8_t>(name, "F8_E4M3", {u(out), u(in)}, q.q),
+          per_tensor ? SafetensorsEntry::of<float>(module + ".weight_scale", "F32", {}, scale)
+                     : SafetensorsEntry::of<float>(module + ".weight_scale", "F32", {u(out)}, scale)};
+}
+
+/// The INT8 checkpoint layout of a weight: I8 [out, in] and an f32 weight_scale [out, 1].
+inline std::vector<SafetensorsEntry> int8_entries(const std::string& name, const std::vector<float>& w,
+                                                  std::int64_t out, std::int64_t in) {
+  const auto q = Int8WeightOnly::quantize(w, out, in);
+  const std::string module = name.substr(0, name.size() - std::string(".weight").size());
+  const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+  return {SafetensorsEntry::of<std::int8_t>(name, "I8", {u(out), u(in)}, q.q),
+          SafetensorsEntry::of<float>(module + ".weight_scale", "F32", {u(out), 1}, q.scale)};
+}
 
 }  // namespace infer::test

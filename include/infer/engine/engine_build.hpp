@@ -31,10 +31,14 @@ struct EngineBuildReport {
   double write_seconds = 0;
 };
 
-/// Builds `out` from `spec` for the engine `options` name. Errors: ModelSpec::validate's, check_engine_choice's,
-/// what loading throws, DeviceError for the cuda backend in a build without it, IoError naming `out` when it
-/// cannot be written (nothing is left at `out` then).
-EngineBuildReport build_engine_file(const ModelSpec& spec, const LlmOptions& options, const std::filesystem::path& out);
+/// Builds `out` from `spec` for the engine `options` name: the whole model, or with `place` split (or
+/// `spec.tensor_parallel`'s rank, when place is {0, 1}) that rank's shard, which only that rank of a job of that
+/// size loads (EngineFileInfo::tensor_parallel; tensor_parallel_engine_path names the ranks' files). A shard is
+/// built without its group: no collective runs. Errors: ModelSpec::validate's, check_engine_choice's, what
+/// loading throws, ModelSource::shard's, DeviceError for the cuda backend in a build without it, IoError naming
+/// `out` when it cannot be written (nothing is left at `out` then).
+EngineBuildReport build_engine_file(const ModelSpec& spec, const LlmOptions& options, const std::filesystem::path& out,
+                                    TensorParallel place = {});
 
 namespace detail {
 

@@ -46,6 +46,7 @@
 #include "infer/core/error.hpp"
 #include "infer/engine/engine_options.hpp"
 #include "infer/model/model_config.hpp"
+#include "infer/model/tensor_parallel.hpp"
 #include "infer/tokenizer/spec.hpp"
 
 namespace infer {
@@ -54,7 +55,11 @@ namespace infer {
 /// 2: the CPU quantizers' linears list a `dense` part (the LM head kept out of INT8, FP8 and INT4).
 /// 3: GgufInPlace's embedding and LM head are linears in their GGUF blocks (type, sizes, data), and stacked
 ///    projections may be parts of different block types.
-inline constexpr std::uint32_t kEngineFileVersion = 3;
+/// 4: the header says which rank of a tensor-parallel split the file holds ("tensor_parallel": [rank, size]);
+///    a file of version 3 holds the whole model and is still read.
+inline constexpr std::uint32_t kEngineFileVersion = 4;
+/// The oldest format version this library reads.
+inline constexpr std::uint32_t kOldestEngineFileVersion = 3;
 
 /// What an engine file was built for, and from what.
 struct EngineFileInfo {
@@ -79,7 +84,24 @@ struct EngineFileInfo {
   /// The FP8 KV-cache scales the model shipped, {K, V} per layer (ModelSource::kv_cache_scales); empty when it
   /// shipped none. Absent from the header of a file built before they were recorded: read as empty.
   std::vector<std::pair<float, float>> kv_cache_scales;
+  /// The part of the model the file holds: {0, 1}, the whole; else one rank's shard (ModelSource::shard), whose
+  /// `config` has that rank's heads and MLP width and whose embedding and head hold its block of the vocabulary.
+  /// Only that rank of a job of `size` ranks loads it (tensor_parallel_engine_path names the ranks' files).
+  TensorParallel tensor_parallel;
 };
+
+/// The file of rank `place.rank` among the files `infer-build --tensor-parallel-size N --output file` writes:
+/// `file` itself for the whole model (size 1), else `<stem>.tp<N>-rank<r><extension>` beside it
+/// ("llama.engine" -> "llama.tp2-rank0.engine", "llama.tp2-rank1.engine"), as TensorRT-LLM writes one engine
+/// per rank. Every program's --engine-file takes `file` and loads its rank's.
+[[nodiscard]] inline std::filesystem::path tensor_parallel_engine_path(const std::filesystem::path& file,
+                                                                       TensorParallel place) {
+  if (!place.split()) return file;
+  std::filesystem::path out = file;
+  out.replace_filename(file.stem().string() + ".tp" + std::to_string(place.size) + "-rank" + std::to_string(place.rank) +
+                       file.extension().string());
+  return out;
+}
 
 /// One array of the weights, as the file's table lists it.
 struct EngineFilePart {

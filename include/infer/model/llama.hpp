@@ -70,11 +70,15 @@ class LlamaModel<cpu, Q, Attn> {
   /// Loads every weight (see load_llama_weights). Throws what the loaders throw, naming the tensor.
   /// From a model file, or from an engine file built for this Quantizer (its arrays copied in as they are).
   static LlamaModel load(const ModelSource& src) {
-    if (const EngineFile* file = src.engine_file()) {
-      if constexpr (EngineFileWeights<Q, cpu>) return LlamaModel(src.config(), restore_llama_weights<Q>(*file));
-      else throw UnsupportedError(detail::cat("quantizer ", Q::name, " cannot load engine files (its linear layers do not list their parts)"));
-    }
-    LlamaModel m(src.config(), load_llama_weights<Q, cpu>(src));
+    require_group_for_split(src);
+    auto weights = [&] {
+      if (const EngineFile* file = src.engine_file()) {
+        if constexpr (EngineFileWeights<Q, cpu>) return restore_llama_weights<Q>(*file);
+        else throw UnsupportedError(detail::cat("quantizer ", Q::name, " cannot load engine files (its linear layers do not list their parts)"));
+      }
+      return load_llama_weights<Q, cpu>(src);
+    };
+    LlamaModel m(src.config(), weights());
     m.group_ = src.group();
     m.tp_ = src.tensor_parallel();
     return m;

@@ -229,6 +229,7 @@ class LlamaModel<cuda, Q, Attn> {
   /// any weight reaches the device.
   static Weights load_checked(const ModelSource& src, const backend::cuda::Stream& stream) {
     const ModelConfig& c = src.config();
+    require_group_for_split(src);
     if (src.group() != nullptr && src.device_group() == nullptr)
       throw UnsupportedError(detail::cat(src.describe(), ": tensor parallelism on the GPU needs the group's device ",
                                          "collectives (a dist::DeviceGroup: NCCL; ModelSpec::tensor_parallel_device)"));

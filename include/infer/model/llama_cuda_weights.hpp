@@ -253,7 +253,7 @@ class LlamaCudaWeights {
   template <class Self, class V>
   static void visit_arena(Self& w, const ModelConfig& c, const V& v) {
     const auto n = [](std::int64_t x) { return static_cast<std::size_t>(std::max<std::int64_t>(x, 0)); };
-    const std::size_t H = n(c.hidden_size), V_ = n(c.vocab_size);
+    const std::size_t H = n(c.hidden_size), V_ = n(w.vocab_rows_);
     const std::size_t qkv_out = n(c.q_size() + 2 * c.kv_size());
     if constexpr (kTables) {
       linear::visit_arena(w.embedding_table_, v.at("token_embd"));
@@ -294,6 +294,7 @@ class LlamaCudaWeights {
     const std::string where = cat("engine file '", file.path().string(), "'");
     file.require_quantizer_layout(Q::name);
     const ModelConfig& c = info.config;
+    vocab_rows_ = info.tensor_parallel.vocab_rows(c.vocab_size);  // a rank's file: its block of the vocabulary
     const std::span<const std::byte> bytes = file.part("arena", element_type_name<std::uint8_t>());
     layers_.resize(static_cast<std::size_t>(c.num_layers));
     // Placed against the file's own bytes (never dereferenced) and checked before any byte moves: a bad
@@ -322,8 +323,8 @@ class LlamaCudaWeights {
         throw FormatError(cat(where, ": split_out ", split_out_, " is less than '", role, "''s ", p.out, " outputs"));
     };
     if constexpr (kTables) {
-      check_linear("token_embd", embedding_table_, c.vocab_size, H);
-      check_linear("output", head_table_, c.vocab_size, H);
+      check_linear("token_embd", embedding_table_, vocab_rows_, H);
+      check_linear("output", head_table_, vocab_rows_, H);
     }
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const Layer& L = layers_[i];
@@ -345,6 +346,7 @@ class LlamaCudaWeights {
     // A tensor-parallel shard's embedding and head hold its block of the vocabulary (the rest: the whole).
     const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = src.tensor_parallel().vocab_rows(c.vocab_size),
                        qs = c.q_size(), kvs = c.kv_size();
+    vocab_rows_ = V;
     split_out_ = 0;
     layers_.clear();
     const WeightTensor embd = src.get("token_embd");
@@ -402,6 +404,7 @@ class LlamaCudaWeights {
   const float* output_norm_ = nullptr;
   std::vector<Layer> layers_;
   std::int64_t split_out_ = 0;
+  std::int64_t vocab_rows_ = 0;  ///< rows of the embedding and head: the vocabulary, or a shard's block of it
 };
 
 }  // namespace infer

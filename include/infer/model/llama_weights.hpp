@@ -208,7 +208,9 @@ LlamaWeights<Q, cpu> restore_llama_weights(const EngineFile& file) {
     else std::decay_t<decltype(x)>::visit_parts(x, loader);
   });
   // Every size the forward pass trusts, checked once.
-  const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, qs = c.q_size(), kvs = c.kv_size();
+  // A rank's file (EngineFileInfo::tensor_parallel): its block of the vocabulary.
+  const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = info.tensor_parallel.vocab_rows(c.vocab_size),
+                     qs = c.q_size(), kvs = c.kv_size();
   auto linear = [&](const std::string& role, const auto& l, std::int64_t out, std::int64_t in) {
     if (!l.consistent() || l.out() != out || l.in() != in)
       throw FormatError(cat(where, ": weight '", role, "' is [", l.out(), ", ", l.in(), "] with arrays that ",

@@ -33,6 +33,7 @@
 #include <string_view>
 
 #include "infer/model/model_config.hpp"
+#include "infer/model/tensor_parallel.hpp"
 #include "infer/quant/weight_tensor.hpp"
 #include "infer/tokenizer/tokenizer.hpp"
 
@@ -46,20 +47,6 @@ class Group;
 class DeviceGroup;
 }
 class EngineFile;
-
-/// Where a model's part sits in a tensor-parallel group: rank `rank` of `size` (ModelSource::shard).
-struct TensorParallel {
-  int rank = 0;
-  int size = 1;
-  /// The vocabulary rows this rank holds of the embedding and the LM head: ceil(vocab / size) a rank, in rank
-  /// order, the last rank's fewer (or none), so all-gathered logits are `size` equal blocks.
-  [[nodiscard]] std::int64_t vocab_block(std::int64_t vocab) const noexcept { return (vocab + size - 1) / size; }
-  [[nodiscard]] std::int64_t vocab_first(std::int64_t vocab) const noexcept { return rank * vocab_block(vocab); }
-  [[nodiscard]] std::int64_t vocab_rows(std::int64_t vocab) const noexcept {
-    const std::int64_t first = vocab_first(vocab), block = vocab_block(vocab);
-    return first >= vocab ? 0 : (vocab - first < block ? vocab - first : block);
-  }
-};
 
 class ModelSource {
  public:
@@ -85,16 +72,25 @@ class ModelSource {
   ///   and KV head h / (heads / kv_heads) stay on one rank);
   /// - columns of attn_output and ffn_down (the inputs its heads and MLP share feed; the ranks' products add up);
   /// - rows of token_embd and output: TensorParallel::vocab_rows;
-  /// - norms whole.
+  /// - norms whole;
+  /// - an FP8 or INT8 checkpoint's scales: a per-tensor one whole, a per-channel weight_scale the rows its weight
+  ///   keeps (whole for attn_output and ffn_down, whose rows every rank keeps).
   /// Slices of file tensors are views where they are rows and copies (held by the view) where they are columns;
-  /// a dummy weight's slice is the same values as the whole's (DummyFill's slice). UnsupportedError, naming the
-  /// numbers, when the size does not divide the heads, the KV heads or the MLP width; for an engine file; and at
-  /// find() for a block-quantized tensor whose columns do not split on block boundaries, for a quantized
-  /// checkpoint's companion tensors, and for biases of attn_output or ffn_down.
+  /// a dummy weight's slice is the same values as the whole's (DummyFill's slice).
+  /// UnsupportedError, naming the numbers, when the size does not divide the heads, the KV heads or the MLP width;
+  /// and at find() for a block-quantized tensor whose columns do not split on block boundaries, for GPTQ and AWQ
+  /// checkpoints' packed tensors (qweight, qzeros, scales, g_idx), and for biases of attn_output or ffn_down.
+  /// An engine file built from a shard (EngineFileInfo::tensor_parallel) is already this rank's part: its
+  /// config and weights are kept as they are; UnsupportedError naming both when it was built for another place
+  /// (another rank, another size, or the whole model).
   /// `device`: the same group's collectives over device memory (dist/device_group.hpp), for the CUDA decoder; the
   /// CPU decoder uses `group`.
   [[nodiscard]] static ModelSource shard(ModelSource whole, dist::Group& group, dist::DeviceGroup* device = nullptr);
-  /// This source's place in its tensor-parallel group ({0, 1} unless it is a shard).
+  /// The split alone, at `place`, with no group: what an engine file of one rank is built from (infer-build
+  /// --tensor-parallel-size builds every rank's in one process). The decoders refuse to run it (they need the
+  /// group's collectives).
+  [[nodiscard]] static ModelSource shard(ModelSource whole, TensorParallel place);
+  /// This source's place in its tensor-parallel group ({0, 1} unless it is a shard, or an engine file of one).
   [[nodiscard]] TensorParallel tensor_parallel() const noexcept;
   /// The group a shard was made for (nullptr unless it is a shard): the decoder's collectives go through it.
   [[nodiscard]] dist::Group* group() const noexcept;
@@ -149,5 +145,9 @@ class ModelSource {
   explicit ModelSource(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// UnsupportedError when `src` is one rank's part of a tensor-parallel split with no group for its decoder's
+/// collectives (an engine file of one rank opened alone, or a shard made from a place only); the decoders call it.
+void require_group_for_split(const ModelSource& src);
 
 }  // namespace infer

@@ -152,8 +152,15 @@ TEST_CASE("a file that is not a whole engine file of this format is refused, nam
     write_bytes(bad, b);
     CHECK_THAT(message_of<UnsupportedError>(open_bad),
                Catch::Contains("format version 7") &&
-                   Catch::Contains("reads version " + std::to_string(kEngineFileVersion)) &&
+                   Catch::Contains("reads versions " + std::to_string(kOldestEngineFileVersion) + " to " +
+                                   std::to_string(kEngineFileVersion)) &&
                    Catch::Contains("rebuild it"));
+    b[8] = std::byte{3};  // version 3 (before tensor-parallel files): still read, as the whole model
+    write_bytes(bad, b);
+    CHECK(EngineFile::open(bad).info().tensor_parallel == TensorParallel{});
+    b[8] = std::byte{2};  // older than the oldest read
+    write_bytes(bad, b);
+    CHECK_THAT(message_of<UnsupportedError>(open_bad), Catch::Contains("format version 2"));
   }
   SECTION("a corrupted header") {
     auto b = bytes;

@@ -45,24 +45,6 @@ std::vector<float> positive_values() {
   return v;
 }
 
-/// An FP8 checkpoint's layout of a weight: F8_E4M3 [out, in] and an f32 weight_scale, per channel ([out]) or,
-/// with `per_tensor`, one value (the row scales' largest, the codes re-rounded to it).
-std::vector<SafetensorsEntry> fp8_entries(const std::string& name, const std::vector<float>& w, std::int64_t out,
-                                          std::int64_t in, bool per_tensor) {
-  auto q = Fp8::quantize(w, out, in);
-  std::vector<float> scale = q.scale;
-  if (per_tensor) {
-    const float s = *std::max_element(scale.begin(), scale.end());
-    for (std::size_t k = 0; k < w.size(); ++k) q.q[k] = f32_to_e4m3(w[k] / s);
-    scale = {s};
-  }
-  const std::string module = name.substr(0, name.size() - std::string(".weight").size());
-  const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
-  return {SafetensorsEntry::of<std::uint8_t>(name, "F8_E4M3", {u(out), u(in)}, q.q),
-          per_tensor ? SafetensorsEntry::of<float>(module + ".weight_scale", "F32", {}, scale)
-                     : SafetensorsEntry::of<float>(module + ".weight_scale", "F32", {u(out)}, scale)};
-}
-
 }  // namespace
 
 TEST_CASE("e4m3: every code decodes and encodes back, a value goes to the nearer code, a midpoint to the even one",

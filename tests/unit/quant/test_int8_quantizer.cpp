@@ -45,16 +45,6 @@ std::vector<float> random_matrix(std::int64_t out, std::int64_t in, std::uint32_
   return w;
 }
 
-/// The INT8 checkpoint layout of a weight: I8 [out, in] and an f32 weight_scale [out, 1].
-std::vector<SafetensorsEntry> int8_entries(const std::string& name, const std::vector<float>& w, std::int64_t out,
-                                           std::int64_t in) {
-  const auto q = Int8WeightOnly::quantize(w, out, in);
-  const std::string module = name.substr(0, name.size() - std::string(".weight").size());
-  const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
-  return {SafetensorsEntry::of<std::int8_t>(name, "I8", {u(out), u(in)}, q.q),
-          SafetensorsEntry::of<float>(module + ".weight_scale", "F32", {u(out), 1}, q.scale)};
-}
-
 /// The same weight dequantized (q·s) and stored as f32: what F32 must compute the same logits from.
 std::vector<SafetensorsEntry> dequantized_entries(const std::string& name, const std::vector<float>& w, std::int64_t out,
                                                   std::int64_t in) {
