@@ -72,8 +72,8 @@ int main(int argc, char** argv) {
                          {"load_seconds", r.load_seconds},  {"write_seconds", r.write_seconds}});
         continue;
       }
-      fmt::print("built {} ({:.1f} MB, {} arrays) from {}{}\n", file.string(), static_cast<double>(r.file_bytes) / 1e6,
-                 r.parts, i.model, place.split() ? fmt::format(": {}", place.describe()) : std::string());
+      fmt::print("built {} ({:.1f} MB, {} arrays) from {}\n", file.string(), static_cast<double>(r.file_bytes) / 1e6,
+                 r.parts, i.model);  // a shard's model says its rank
       fmt::print("  {} engine{}, quantizer {} ({}), backend {} ({}), infer {}\n", i.engine,
                  i.engine == "paged" ? fmt::format(", block size {}", i.block_size)
                                      : fmt::format(", shape {}x({}+{})", i.engine_options.static_shape.max_batch,

@@ -74,7 +74,7 @@ with tempfile.TemporaryDirectory() as tmp:
                        capture_output=True, text=True, timeout=300, env=env)
     ranks = [os.path.join(tmp, f"split.tp2-rank{k}.engine") for k in (0, 1)]
     check(r.returncode == 0 and all(os.path.exists(f) for f in ranks) and not os.path.exists(engine)
-          and "rank 1 of a 2-way tensor-parallel split" in r.stdout,
+          and "(tensor-parallel rank 1 of 2)" in r.stdout,
           f"infer-build --tensor-parallel-size 2 writes one file per rank ({r.returncode}, {r.stdout[-300:]!r} "
           f"{r.stderr[-300:]!r})")
     from_files = ["--engine-file", engine, "--ignore-eos", "--max-tokens", "12", "--json", "--prompts", prompts,
