@@ -497,12 +497,15 @@ print('file tensor bytes', sys.argv[1], sum(int(t.n_bytes) for t in r.tensors))"
         --max-num-seqs $n --output-json "$out/throughput-d8b-q4_k_m-$n-128-128.json"
     done
     ;;
-  peer-profile)  # issue 19: ncu of infer's decode step on the 8B Q4_K_M file (peer-decode's files), each kernel alone
-    f=/root/peer/d8b-q4_k_m.gguf
-    run ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --print-units base \
-      --log-file "$out/ncu-decode-b1-d8b-q4_k_m.csv" "$bin"/infer-bench-latency --model $f --backend cuda \
-      --batch-size 1 --input-len 512 --output-len 2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
-    python3 bench/ncu_summary.py "$out/ncu-decode-b1-d8b-q4_k_m.csv" | tee "$out/ncu-decode-b1-d8b-q4_k_m.txt"
+  peer-profile)  # issue 19: ncu of infer's decode step on the 8B files (peer-decode's), each kernel alone:
+    # PEER_PROFILE_QUANTS, default q4_k_m (e.g. "q8_0 q4_k_m")
+    for q in ${PEER_PROFILE_QUANTS:-q4_k_m}; do
+      f=/root/peer/d8b-$q.gguf
+      run ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --print-units base \
+        --log-file "$out/ncu-decode-b1-d8b-$q.csv" "$bin"/infer-bench-latency --model $f --backend cuda \
+        --batch-size 1 --input-len 512 --output-len 2 --num-iters 1 --num-iters-warmup 0 --enforce-eager
+      python3 bench/ncu_summary.py "$out/ncu-decode-b1-d8b-$q.csv" | tee "$out/ncu-decode-b1-d8b-$q.txt"
+    done
     ;;
   mpi-launch)  # issue 21: TP = 1 and DP = 1 through the MPI launch against the plain run, SmolLM2 Q4_1, alternating
     # twice: the bench programs (batch-1 decode 512 + 128; 1024 x (128, 128)) plain and under `mpirun -n 1
