@@ -74,15 +74,7 @@ void compare_decoders(const ModelSource& src, const char* who) {
     const std::vector<double>& sigma = reference.step(chunks);
     const std::vector<float>& cpu = reference.exact();
     gpu_model.forward(chunks, gpu_cache, gpu);
-    REQUIRE(gpu.size() == cpu.size());
-    std::size_t bad = 0;
-    for (std::size_t j = 0; j < cpu.size(); ++j) {
-      const double d = std::fabs(static_cast<double>(gpu[j]) - cpu[j]);
-      if (d <= noise_bound(cpu[j], sigma[j])) worst = std::max(worst, d / sigma[j]);
-      else if (++bad <= 5)
-        FAIL_CHECK("row " << j / V << ", logit " << j % V << ": gpu " << gpu[j] << ", cpu " << cpu[j] << ", σ " << sigma[j]
-                          << " (bound " << noise_bound(cpu[j], sigma[j]) << ")");
-    }
+    worst = std::max(worst, check_within_noise(gpu, cpu, sigma, V));
     for (std::size_t r = 0; r * V < cpu.size(); ++r, ++rows) {
       const float *cr = cpu.data() + r * V, *gr = gpu.data() + r * V;
       const double* sr = sigma.data() + r * V;

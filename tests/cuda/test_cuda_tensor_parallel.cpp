@@ -6,7 +6,6 @@
 // sigmas cover (checked here, not assumed).
 #include <catch2/catch.hpp>
 
-#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -95,16 +94,7 @@ TEST_CASE("GPU decoder over 2 tensor-parallel ranks: each rank's logits the same
     INFO("step " << s);
     const std::vector<double>& sigma = reference.step(steps[s]);
     const std::vector<float>& cpu = reference.exact();
-    const std::vector<float>& gpu = got[0][s];
-    REQUIRE(gpu.size() == cpu.size());
-    std::size_t bad = 0;
-    for (std::size_t j = 0; j < cpu.size(); ++j) {
-      const double diff = std::fabs(static_cast<double>(gpu[j]) - cpu[j]);
-      if (diff <= noise_bound(cpu[j], sigma[j])) worst = std::max(worst, diff / sigma[j]);
-      else if (++bad <= 5)
-        FAIL_CHECK("row " << j / V << ", logit " << j % V << ": gpu " << gpu[j] << ", cpu " << cpu[j] << ", σ "
-                          << sigma[j]);
-    }
+    worst = std::max(worst, check_within_noise(got[0][s], cpu, sigma, V));
   }
   std::printf("  small llama over 2 ranks: worst |gpu - cpu| / sigma %.2f (bound %.0f)\n", worst, kSigmas);
 }

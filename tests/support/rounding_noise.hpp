@@ -24,6 +24,8 @@
 /// cpu_a − cpu_b ≤ B_a + B_b (both logits may have moved by their bound, towards each other).
 /// `replay_greedy` applies both to an engine's greedy outputs, step by step.
 
+#include <catch2/catch.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -45,6 +47,23 @@ inline constexpr double kSigmas = 10.0;
 
 /// B_j for a logit with reference value `cpu` and noise estimate `sigma`.
 inline double noise_bound(double cpu, double sigma) { return kSigmas * sigma + 1e-6 * (1.0 + std::fabs(cpu)); }
+
+/// Checks every logit of `gpu` ([rows][vocab]) against `cpu` within noise_bound of its σ, failing (the first five
+/// named by row and logit) for each outside; returns the largest |gpu − cpu| / σ among those within.
+inline double check_within_noise(std::span<const float> gpu, std::span<const float> cpu, std::span<const double> sigma,
+                                 std::size_t vocab) {
+  REQUIRE(gpu.size() == cpu.size());
+  double worst = 0;
+  std::size_t bad = 0;
+  for (std::size_t j = 0; j < cpu.size(); ++j) {
+    const double d = std::fabs(static_cast<double>(gpu[j]) - cpu[j]), bound = noise_bound(cpu[j], sigma[j]);
+    if (d <= bound) worst = std::max(worst, d / sigma[j]);
+    else if (++bad <= 5)
+      FAIL_CHECK("row " << j / vocab << ", logit " << j % vocab << ": gpu " << gpu[j] << ", cpu " << cpu[j] << ", σ "
+                        << sigma[j] << " (bound " << bound << ")");
+  }
+  return worst;
+}
 
 class RoundingNoise {
  public:
