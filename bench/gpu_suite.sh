@@ -250,6 +250,18 @@ case "${1:-}" in
       done
     done
     ;;
+  norm-ab)  # issue 16: bf16 batch-1 decode (Llama-3-8B dummy, 512 + 128) with the pre-norm inside the bf16 GEMV
+    # (the default) and with the norm kernel (INFER_BF16_GEMV_NORM=0), alternating, static and paged, two runs each
+    for r in 1 2; do
+      for engine in static paged; do
+        for k in 1 0; do
+          INFER_BF16_GEMV_NORM=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --engine $engine \
+            --max-batch 1 --max-input 512 --max-output 128 --batch-size 1 --input-len 512 --output-len 128 \
+            --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$engine-norm$k-r$r.json"
+        done
+      done
+    done
+    ;;
   baseline-ab)  # batch-1 decode with this build and an earlier one, alternating (the earlier one's FP8 GEMV on
     # the CUDA cores, today's default; builds before 1a91f03 defaulted to the tensor cores)
     base=${BASELINE:-/root/stage/baseline}

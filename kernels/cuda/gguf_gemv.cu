@@ -57,6 +57,7 @@
 #include "chained_launch.cuh"
 #include "mma_bf16.cuh"
 #include "q8_activations.cuh"
+#include "residual_norm.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -174,84 +175,23 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src)
   detail::cp_async_16(detail::smem_u32(smem_dst), gmem_src, true);
 }
 
-/// Chunk c (8 values) of r = residual + delta, the ResidualNorm's sum, as f32.
-__device__ __forceinline__ void residual_chunk(const ResidualNorm& n, std::int64_t c, float (&r)[8]) {
-  const auto* r4 = reinterpret_cast<const float4*>(n.residual) + 2 * c;
-  const float4 a = r4[0], b = r4[1];
-  r[0] = a.x, r[1] = a.y, r[2] = a.z, r[3] = a.w, r[4] = b.x, r[5] = b.y, r[6] = b.z, r[7] = b.w;
-  if (n.delta != nullptr) {
-    const uint4 d = reinterpret_cast<const uint4*>(n.delta)[c];
-    const std::uint32_t dw[4] = {d.x, d.y, d.z, d.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      r[2 * e] += __uint_as_float(dw[e] << 16);
-      r[2 * e + 1] += __uint_as_float(dw[e] & 0xffff0000u);
-    }
-  }
-}
-
 /// The quantization's source where x is a ResidualNorm (quantize_q8_chunks_from): chunk c of x is
-/// bf16(r · inv[row] · weight), as add_rmsnorm_kernel (rmsnorm.cu) rounds it. The CTA `writer` of `writers`
-/// stores chunk i of each row where i mod writers = writer: r to residual_out, x to normed_out (where given).
+/// bf16(r · inv[row] · weight) (residual_norm.cuh's normed_chunk, which also stores the CTA's share of r and x).
 struct NormedChunks {
   ResidualNorm n;
   const float* inv;  ///< per row of x: rsqrt(mean(r²) + eps), in shared memory
   std::uint32_t chunks_per_row, writer, writers;
   __device__ __forceinline__ void load(std::int64_t c, float (&v)[8]) const {
-    const auto cc = static_cast<std::uint32_t>(c);
-    const std::uint32_t m = cc / chunks_per_row, i = cc - m * chunks_per_row;
-    float r[8];
-    residual_chunk(n, c, r);
-    const bool mine = i % writers == writer;
-    if (mine && n.residual_out != nullptr) {
-      auto* o = reinterpret_cast<float4*>(n.residual_out) + 2 * c;
-      o[0] = make_float4(r[0], r[1], r[2], r[3]);
-      o[1] = make_float4(r[4], r[5], r[6], r[7]);
-    }
-    const auto* w4 = reinterpret_cast<const float4*>(n.weight) + 2 * i;
-    const float4 wa = __ldg(w4), wb = __ldg(w4 + 1);
-    const float w[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-    const float s = inv[m];
-    std::uint32_t packed[4];
+    const std::uint32_t m = static_cast<std::uint32_t>(c) / chunks_per_row;
+    const uint4 x = prenorm::normed_chunk(n, c, chunks_per_row, inv[m], writer, writers);
+    const std::uint32_t xw[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-    for (int e = 0; e < 8; e += 2) {
-      const std::uint16_t lo = f32_to_bf16(r[e] * s * w[e]), hi = f32_to_bf16(r[e + 1] * s * w[e + 1]);
-      v[e] = bf16_to_f32(lo);
-      v[e + 1] = bf16_to_f32(hi);
-      packed[e / 2] = static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
+    for (int e = 0; e < 4; ++e) {
+      v[2 * e] = __uint_as_float(xw[e] << 16);
+      v[2 * e + 1] = __uint_as_float(xw[e] & 0xffff0000u);
     }
-    if (mine && n.normed_out != nullptr)
-      reinterpret_cast<uint4*>(n.normed_out)[c] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
   }
 };
-
-/// Each row's rsqrt(mean(r²) + eps) of a ResidualNorm over M rows of K, into inv[0..M): every thread's sums, then
-/// the warps' in a fixed order through `sums` (kWarps·M floats). Ends with a barrier; the whole CTA calls it.
-template <int MM, int kWarpsN>
-__device__ __forceinline__ void residual_inv_rms(const ResidualNorm& n, std::int64_t K, float* sums, float* inv) {
-  const auto cpr = static_cast<std::uint32_t>(K / 8);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-#pragma unroll
-  for (int m = 0; m < MM; ++m) {
-    float ss = 0.0f;
-    for (std::uint32_t i = threadIdx.x; i < cpr; i += kWarpsN * 32) {
-      float r[8];
-      residual_chunk(n, static_cast<std::int64_t>(m) * cpr + i, r);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) ss += r[e] * r[e];
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (lane == 0) sums[warp * MM + m] = ss;
-  }
-  __syncthreads();
-  if (threadIdx.x < MM) {
-    float t = 0.0f;
-    for (int w = 0; w < kWarpsN; ++w) t += sums[w * MM + static_cast<int>(threadIdx.x)];
-    inv[threadIdx.x] = rsqrtf(t / static_cast<float>(K) + n.eps);
-  }
-  __syncthreads();
-}
 
 /// CTAs an SM should hold, for the register budget: 3 up to 4 rows of x (Llama's K = 4096 then takes ~75 KiB of
 /// shared memory a CTA), 2 above (where shared memory allows no more anyway). Without the bound the unit walks
@@ -381,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const un
   if (norm.weight != nullptr) {
     // `red` is free until the first chunk's partial sums, after the barrier below.
     float* inv = red + kWarps * MM;
-    residual_inv_rms<MM, kWarps>(norm, K, red, inv);
+    prenorm::inv_rms<MM, kWarps>(norm, K, red, inv);
     quantize_x(NormedChunks{norm, inv, static_cast<std::uint32_t>(K / 8), blockIdx.x, gridDim.x});
   } else {
     quantize_x(Bf16Chunks{x});
@@ -588,7 +528,6 @@ int rows_per_launch(DType type, std::int64_t K) {
   return m;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 /// job.N: the weight's rows (with swiglu a stacked [gate; up], N / 2 output columns).
 void run(DType type, Job job, int M, void* stream) {
@@ -619,18 +558,10 @@ void run(DType type, Job job, int M, void* stream) {
     throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): null ",
                                       job.w == nullptr ? "weight" : job.y == nullptr ? "y" : normed ? "residual" : "x",
                                       " pointer"));
-  if (!normed && !aligned16(job.x))
+  if (!normed && !prenorm::aligned16(job.x))
     throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): x pointer ", static_cast<const void*>(job.x),
                                       " is not 16-byte aligned"));
-  if (normed && !(aligned16(n.residual) && aligned16(n.delta) && aligned16(n.weight) && aligned16(n.residual_out) &&
-                  aligned16(n.normed_out)))
-    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name,
-                                             "): the pre-norm's residual, delta, weight and outputs must be 16-byte aligned"));
-  if (normed && n.residual_out != nullptr &&
-      static_cast<const void*>(n.residual_out) == static_cast<const void*>(n.residual))
-    throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name,
-                                             "): the pre-norm's residual_out must be another buffer than its residual "
-                                             "(the kernel's CTAs read the residual while others write)"));
+  if (normed) prenorm::check(infer::detail::cat("cuda::gguf_gemv(", ti.name, ")").c_str(), n);
   if (reinterpret_cast<std::uintptr_t>(job.w) % 2 != 0 || reinterpret_cast<std::uintptr_t>(job.y) % (job.y_f32 ? 4 : 2) != 0)
     throw InvalidArgument(infer::detail::cat("cuda::gguf_gemv(", ti.name, "): weight and y pointers must be aligned to 2 (",
                                       "y: to its element) bytes"));

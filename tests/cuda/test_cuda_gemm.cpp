@@ -923,6 +923,133 @@ TEST_CASE("cuda::gguf_gemv with x as a pre-norm: the norm's bits, then the plain
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("cuda::bf16_gemv with x as a pre-norm: the norm's bits, then the product", "[cuda][gemm]") {
+  // bf16_gemv's ResidualNorm overloads (one row): what they write (r = residual + delta bit for bit; x within an
+  // ulp of the CPU's norm and of the standalone kernel's), then y against the f32 product of the x written
+  // (check_close's bound; SwiGLU's as in the bf16_gemv_swiglu test), the same bits a second time, and neither r nor
+  // x written where their pointers are null. Shapes: ragged N and K, Llama-3-8B's qkv (6,144 x 4,096) and gate_up
+  // (2 x 14,336 x 4,096), and K = 14,336 (x takes 28 KiB of shared memory).
+  using Catch::Contains;
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  std::uint32_t seed = test_seed("cuda::bf16_gemv pre-norm");
+  const float eps = 1e-5f;
+  struct Shape {
+    std::int64_t N, K;  // N: output rows (with swiglu: gate rows, the weight has 2N)
+    bool swiglu;
+  };
+  const Shape shapes[] = {{1, 8, false},     {5, 64, false},     {333, 1000, false}, {6144, 4096, false},
+                          {37, 14336, false}, {3, 72, true},     {333, 1000, true},  {14336, 4096, true}};
+  for (const Shape& sh : shapes) {
+    ++seed;
+    const std::int64_t N = sh.N, K = sh.K, rows = sh.swiglu ? 2 * N : N;
+    INFO("N=" << N << " K=" << K << (sh.swiglu ? " swiglu" : "") << " seed " << seed);
+    REQUIRE(kc::bf16_gemv_fuses_norm(1, K));
+    std::mt19937 rng(seed);
+    const auto n = static_cast<std::size_t>(K);
+    std::normal_distribution<float> nd(0.0f, 2.0f), nw(1.0f, 0.3f);
+    std::vector<float> residual(n), weight(n);
+    for (auto& v : residual) v = nd(rng);
+    for (auto& v : weight) v = nw(rng);
+    const auto delta = random_bf16(n, rng);
+    const auto wb = random_bf16(static_cast<std::size_t>(rows * K), rng);
+    std::vector<float> sum(n);
+    for (std::size_t i = 0; i < n; ++i) sum[i] = residual[i] + bf16_to_f32(delta[i]);
+
+    test::DeviceMem dw(wb.size() * 2), dres(n * 4), ddelta(n * 2), dnw(n * 4), dsum(n * 4), dxn(n * 2), dref_sum(n * 4),
+        dref_xn(n * 2), dy(static_cast<std::size_t>(N) * 2), dy2(static_cast<std::size_t>(N) * 2);
+    upload(dw, wb);
+    upload(dres.p, residual);
+    upload(ddelta.p, delta);
+    upload(dnw.p, weight);
+    CUDA_REQUIRE(cudaMemset(dsum.p, 0xff, n * 4));
+    CUDA_REQUIRE(cudaMemset(dxn.p, 0xff, n * 2));
+    const kc::ResidualNorm norm{dres.as<float>(), ddelta.as<std::uint16_t>(), dnw.as<float>(), eps, dsum.as<float>(),
+                                dxn.as<std::uint16_t>()};
+    const auto run = [&](const kc::ResidualNorm& x, test::DeviceMem& y) {
+      if (sh.swiglu) kc::bf16_gemv_swiglu(dw.as<std::uint16_t>(), x, 1, N, K, y.as<std::uint16_t>(), stream);
+      else kc::bf16_gemv(dw.as<std::uint16_t>(), x, 1, N, K, y.as<std::uint16_t>(), stream);
+    };
+    run(norm, dy);
+    kc::residual_norm({dres.as<float>(), ddelta.as<std::uint16_t>(), dnw.as<float>(), eps, dref_sum.as<float>(),
+                       dref_xn.as<std::uint16_t>()},
+                      1, K, stream);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    const auto got_sum = download<float>(dsum.p, n);
+    CHECK(std::memcmp(got_sum.data(), sum.data(), n * 4) == 0);
+    CHECK(download<float>(dres.p, n) == residual);  // the input is not written
+    const auto xn = download<std::uint16_t>(dxn.p, n), ref_xn = download<std::uint16_t>(dref_xn.p, n);
+    std::vector<float> cpu(n);
+    kernels::cpu::rms_norm(sum.data(), weight.data(), cpu.data(), 1, K, eps);
+    int far = 0, differ = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float ulp = std::ldexp(std::fabs(cpu[i]), -7) + 1e-30f;  // one bf16 ulp of the value
+      if (!(std::fabs(bf16_to_f32(xn[i]) - cpu[i]) <= ulp) && ++far <= 5)
+        FAIL_CHECK("x[" << i << "] = " << bf16_to_f32(xn[i]) << ", the CPU's norm " << cpu[i]);
+      const int d = static_cast<int>(xn[i]) - static_cast<int>(ref_xn[i]);
+      if (d != 0) ++differ;
+      if (d < -1 || d > 1) FAIL_CHECK("x[" << i << "] bits " << xn[i] << ", the norm kernel's " << ref_xn[i]);
+    }
+    CHECK(far == 0);
+    std::printf("  bf16 pre-norm K=%lld: %d of %zu x values an ulp from the norm kernel's\n", static_cast<long long>(K),
+                differ, n);
+    // y against the product of the x written.
+    const auto y = download<std::uint16_t>(dy.p, static_cast<std::size_t>(N));
+    const Reference r = reference(to_f32(xn), to_f32(wb), 1, rows, K);
+    if (!sh.swiglu) {
+      check_close(to_f32(y), r.y, r.abs_y, K, std::ldexp(1.0, -8), 2.0);
+    } else {
+      const double acc = 2.0 * static_cast<double>(K) * std::ldexp(1.0, -24);
+      int bad = 0;
+      for (std::int64_t i = 0; i < N; ++i) {
+        const auto gi = static_cast<std::size_t>(i), ui = static_cast<std::size_t>(N + i);
+        const double g = r.y[gi], u = r.y[ui];
+        const double silu = g / (1.0 + std::exp(-g)), want = silu * u;
+        const double bound = std::ldexp(std::fabs(want), -8) + 1.1 * acc * r.abs_y[gi] * std::fabs(u) +
+                             std::fabs(silu) * acc * r.abs_y[ui] + 1e-6 * std::fabs(want) + 1e-30;
+        const double have = bf16_to_f32(y[gi]);
+        if (!(std::fabs(have - want) <= bound) && ++bad <= 5)
+          FAIL_CHECK("y[" << i << "] = " << have << ", want " << want << " ± " << bound);
+      }
+      CHECK(bad == 0);
+    }
+    // The same bits again, with neither r nor x written.
+    kc::ResidualNorm bare = norm;
+    bare.residual_out = nullptr;
+    bare.normed_out = nullptr;
+    CUDA_REQUIRE(cudaMemset(dsum.p, 0xff, n * 4));
+    CUDA_REQUIRE(cudaMemset(dxn.p, 0xff, n * 2));
+    run(bare, dy2);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    CHECK(download<std::uint16_t>(dy2.p, static_cast<std::size_t>(N)) == y);
+    const auto untouched = download<std::uint32_t>(dsum.p, n);
+    CHECK(std::all_of(untouched.begin(), untouched.end(), [](std::uint32_t v) { return v == 0xffffffffu; }));
+    const auto untouched_x = download<std::uint16_t>(dxn.p, n);
+    CHECK(std::all_of(untouched_x.begin(), untouched_x.end(), [](std::uint16_t v) { return v == 0xffffu; }));
+  }
+  // Refused, not miscomputed: more than one row, K off the kernel's unit or past its shared memory, r written over
+  // the residual other CTAs read, misaligned operands, no weight.
+  CHECK_FALSE(kc::bf16_gemv_fuses_norm(2, 4096));
+  CHECK_FALSE(kc::bf16_gemv_fuses_norm(1, 12));
+  CHECK_FALSE(kc::bf16_gemv_fuses_norm(1, 32768));
+  test::DeviceMem d(1 << 20);
+  const kc::ResidualNorm ok{d.as<float>(), nullptr, d.as<float>(), eps, nullptr, nullptr};
+  CHECK_THROWS_WITH(kc::bf16_gemv(d.as<std::uint16_t>(), ok, 2, 4, 64, d.as<std::uint16_t>(), stream), Contains("M = 2"));
+  CHECK_THROWS_AS(kc::bf16_gemv(d.as<std::uint16_t>(), ok, 1, 4, 12, d.as<std::uint16_t>(), stream), InvalidArgument);
+  CHECK_THROWS_AS(kc::bf16_gemv(d.as<std::uint16_t>(), ok, 1, 4, 32768, d.as<std::uint16_t>(), stream), InvalidArgument);
+  kc::ResidualNorm in_place{d.as<float>(), nullptr, d.as<float>(), eps, d.as<float>(), nullptr};
+  CHECK_THROWS_WITH(kc::bf16_gemv(d.as<std::uint16_t>(), in_place, 1, 4, 64, d.as<std::uint16_t>(), stream),
+                    Contains("another buffer"));
+  kc::ResidualNorm odd{d.as<float>() + 1, nullptr, d.as<float>(), eps, nullptr, nullptr};
+  CHECK_THROWS_WITH(kc::bf16_gemv_swiglu(d.as<std::uint16_t>(), odd, 1, 4, 64, d.as<std::uint16_t>(), stream),
+                    Contains("16-byte aligned"));
+  CHECK_THROWS_WITH(kc::bf16_gemv(d.as<std::uint16_t>(1), ok, 1, 4, 64, d.as<std::uint16_t>(), stream),
+                    Contains("16-byte aligned"));
+  CHECK_THROWS_AS(kc::bf16_gemv(d.as<std::uint16_t>(), kc::ResidualNorm{}, 1, 4, 64, d.as<std::uint16_t>(), stream),
+                  InvalidArgument);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cuda][.bench][gemm_bench]") {
   // Which path wins where: the integer GEMV (M <= 8), the int8 MMA (gguf_mmq, any M <= 64) and dequantize +
   // bf16 GEMM (gguf_gemm), per layer and block type; each with enough copies of the weight to defeat the L2.
@@ -975,7 +1102,9 @@ TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cud
     const Fused cases[] = {{"smollm2 qkv", DType::q4_1, 960, 576, false},
                            {"smollm2 gate_up", DType::q4_1, 3072, 576, true},
                            {"8b qkv", DType::q4_k, 6144, 4096, false},
-                           {"8b gate_up", DType::q4_k, 28672, 4096, true}};
+                           {"8b gate_up", DType::q4_k, 28672, 4096, true},
+                           {"8b qkv", DType::bf16, 6144, 4096, false},
+                           {"8b gate_up", DType::bf16, 28672, 4096, true}};
     for (const Fused& f : cases) {
       const std::size_t bytes = *row_bytes(f.t, static_cast<std::uint64_t>(f.N * f.K));
       const int copies = static_cast<int>(std::max<std::size_t>(2, (400u << 20) / bytes));
@@ -989,13 +1118,22 @@ TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cud
       const auto wi = [&](int i) { return w.as<std::byte>(bytes * static_cast<std::size_t>(i)); };
       const kc::ResidualNorm norm{res.as<float>(), delta.as<std::uint16_t>(), wn.as<float>(), 1e-5f,
                                   res.as<float>() + K, xn.as<std::uint16_t>()};
+      // bf16 weights: bf16_gemv's overloads (the plain one as the decoder runs it at one row: swiglu on the CUDA
+      // cores, the projection on the default path).
+      const bool bf = f.t == DType::bf16;
       const double apart = graph_median_ms(copies, stream, [&](int i) {
         kc::residual_norm(norm, 1, f.K, stream);
-        if (f.swiglu) kc::gguf_gemv_swiglu(f.t, wi(i), xn.as<std::uint16_t>(), 1, f.N / 2, f.K, y.as<std::uint16_t>(), stream);
+        const auto* wbf = reinterpret_cast<const std::uint16_t*>(wi(i));
+        if (bf && f.swiglu) kc::bf16_gemv_swiglu(wbf, xn.as<std::uint16_t>(), 1, f.N / 2, f.K, y.as<std::uint16_t>(), stream);
+        else if (bf) kc::bf16_gemv(wbf, xn.as<std::uint16_t>(), 1, f.N, f.K, y.as<std::uint16_t>(), stream);
+        else if (f.swiglu) kc::gguf_gemv_swiglu(f.t, wi(i), xn.as<std::uint16_t>(), 1, f.N / 2, f.K, y.as<std::uint16_t>(), stream);
         else kc::gguf_gemv(f.t, wi(i), xn.as<std::uint16_t>(), 1, f.N, f.K, y.as<std::uint16_t>(), stream);
       });
       const double fused = graph_median_ms(copies, stream, [&](int i) {
-        if (f.swiglu) kc::gguf_gemv_swiglu(f.t, wi(i), norm, 1, f.N / 2, f.K, y.as<std::uint16_t>(), stream);
+        const auto* wbf = reinterpret_cast<const std::uint16_t*>(wi(i));
+        if (bf && f.swiglu) kc::bf16_gemv_swiglu(wbf, norm, 1, f.N / 2, f.K, y.as<std::uint16_t>(), stream);
+        else if (bf) kc::bf16_gemv(wbf, norm, 1, f.N, f.K, y.as<std::uint16_t>(), stream);
+        else if (f.swiglu) kc::gguf_gemv_swiglu(f.t, wi(i), norm, 1, f.N / 2, f.K, y.as<std::uint16_t>(), stream);
         else kc::gguf_gemv(f.t, wi(i), norm, 1, f.N, f.K, y.as<std::uint16_t>(), stream);
       });
       std::printf("pre-norm %-15s %s M=1, in a graph: norm kernel + gemv %7.2f us, gemv with the norm %7.2f us\n",

@@ -277,6 +277,21 @@ int set_tensor_core_gemv_early_copies(int on);
 void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x_bf16, int M, std::int64_t I,
                       std::int64_t K, std::uint16_t* y_bf16, void* stream);
 
+/// bf16_gemv and bf16_gemv_swiglu (bf16 out) with x given as the decoder's pre-norm (ops.hpp's ResidualNorm, one
+/// row of K): the kernel computes x = bf16(r · rsqrt(mean(r²) + eps) · weight), r = residual + delta, in its
+/// prologue, as gguf_gemv's ResidualNorm overloads do (x may differ from add_bf16_rmsnorm's by an ulp where the
+/// norm's inverse rounds differently), multiplies it by W in f32 and writes r to x.residual_out and x to
+/// x.normed_out where they are given. The decode step's norm kernel disappears. M must be 1 and K a multiple of 8
+/// with 2·K + 64 bytes of x within 48 KiB; w 16-byte aligned; x as gguf_gemv's overloads require (InvalidArgument
+/// otherwise).
+void bf16_gemv(const std::uint16_t* w, const ResidualNorm& x, int M, std::int64_t N, std::int64_t K,
+               std::uint16_t* y_bf16, void* stream);
+void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const ResidualNorm& x, int M, std::int64_t I, std::int64_t K,
+                      std::uint16_t* y_bf16, void* stream);
+/// Whether the decoder folds the pre-norm of M rows of K into the bf16 GEMV (the ResidualNorm overloads above):
+/// at one row, where x fits, unless INFER_BF16_GEMV_NORM=0 (read once; for A/B runs in one build).
+[[nodiscard]] bool bf16_gemv_fuses_norm(int M, std::int64_t K);
+
 /// Whether `gguf_gemv` takes this weight type: every type its integer dot product decodes (all the GGUF block
 /// types the library reads).
 [[nodiscard]] constexpr bool gemv_supports(DType type) noexcept { return quant::dot_supports(type); }
