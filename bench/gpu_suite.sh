@@ -250,15 +250,15 @@ case "${1:-}" in
       done
     done
     ;;
-  norm-ab)  # issue 16: bf16 batch-1 decode (Llama-3-8B dummy, 512 + 128) with the pre-norm inside the bf16 GEMV
-    # (the default) and with the norm kernel (INFER_BF16_GEMV_NORM=0), alternating, static and paged, two runs each
-    for r in 1 2; do
-      for engine in static paged; do
-        for k in 1 0; do
-          INFER_BF16_GEMV_NORM=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --engine $engine \
-            --max-batch 1 --max-input 512 --max-output 128 --batch-size 1 --input-len 512 --output-len 128 \
-            --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$engine-norm$k-r$r.json"
-        done
+  norm-ab)  # issues 16 and 18: batch-1 decode (Llama-3-8B dummy, 512 + 128, static engine) with the one-row GEMVs
+    # that form x themselves (the default: bf16's takes the pre-norm, FP8's the pre-norm and x's quantization)
+    # and without them (INFER_BF16_GEMV_NORM=0, INFER_FP8_GEMV_ROW=0), alternating, two runs each; then paged
+    for spec in "bf16 static 1" "fp8 static 1" "bf16 static 2" "fp8 static 2" "bf16 paged 1" "fp8 paged 1"; do
+      set -- $spec
+      for k in 1 0; do
+        INFER_BF16_GEMV_NORM=$k INFER_FP8_GEMV_ROW=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 \
+          --engine $2 --max-batch 1 --max-input 512 --max-output 128 --batch-size 1 --input-len 512 --output-len 128 \
+          --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-$2-rowgemv$k-r$3.json"
       done
     done
     ;;

@@ -17,7 +17,6 @@
 // through memory, disappear (one kernel of ~3 µs per layer at batch 1).
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -27,8 +26,8 @@
 #include "infer/kernels/cuda/gemm.hpp"
 #include "gemv_split.cuh"
 #include "mma_bf16.cuh"
-#include "residual_norm.cuh"
 #include "tc_gemv_ring.cuh"
+#include "whole_x_gemv.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -168,118 +167,22 @@ void launch_tensor_cores(const std::uint16_t* w, const std::uint16_t* x, int M, 
 }
 
 // ---- with the decoder's pre-norm computed in the kernel (one row) ----------------------------------------
-// residual_norm.cuh says why. Each CTA forms all of x in shared memory, so the grid is what the GPU holds at once
-// (one CTA per few rows, as above, would repeat the prologue thousands of times): CTA c owns a balanced contiguous
-// range of outputs (rows, or gate/up pairs with swiglu) and its warp w takes outputs w, w + kNormWarps, ... one at
-// a time, lane l reading chunks l, l + 32, ... of the row (both rows of a pair), kNormChunks chunks in flight.
-// Each output's sum is the lane's chunks in order, then a butterfly across the warp: the same bits every call.
-// Before its chained wait a warp issues its first output's first loads (weights are never written during a
-// step), so the prologue runs while they are in flight.
-constexpr int kNormWarps = 8;
-constexpr int kNormChunks = 8;  // 16-byte weight chunks in flight per lane
-
-template <bool kSwiglu>
-__global__ void __launch_bounds__(kNormWarps * 32) bf16_gemv_normed_kernel(const uint4* __restrict__ w, const ResidualNorm n,
-                                                                           std::int64_t outs, std::int64_t K,
-                                                                           std::uint16_t* __restrict__ y) {
-  constexpr int R = kSwiglu ? 2 : 1;  // weight rows an output
-  constexpr int U = kNormChunks / R;  // chunks of each in flight
-  extern __shared__ __align__(16) unsigned char smem[];
-  auto* xs = reinterpret_cast<uint4*>(smem);             // x: K / 8 chunks of 8 bf16
-  auto* sums = reinterpret_cast<float*>(smem + K * 2);  // the warps' sums of squares, then the inverse norm
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t chunks = K / 8;
-  const std::int64_t o_end = (static_cast<std::int64_t>(blockIdx.x) + 1) * outs / gridDim.x;
-  std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * outs / gridDim.x + warp;
-  uint4 wv[R][U];
-  const auto load = [&](std::int64_t base) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint4* row = w + (r == 0 ? o : outs + o) * chunks;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const std::int64_t c = base + u * 32;
-        wv[r][u] = c < chunks ? __ldcs(row + c) : make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
-  if (o < o_end) load(lane);
-  chained::wait_for_previous_kernel();
-  prenorm::inv_rms<1, kNormWarps>(n, K, sums, sums + kNormWarps);
-  const float inv = sums[kNormWarps];
-  for (std::int64_t c = threadIdx.x; c < chunks; c += kNormWarps * 32)
-    xs[c] = prenorm::normed_chunk(n, c, static_cast<std::uint32_t>(chunks), inv, blockIdx.x, gridDim.x);
-  __syncthreads();
-  bool loaded = true;  // the first output's first chunks, loaded above
-  for (; o < o_end; o += kNormWarps) {
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    for (std::int64_t base = lane; base < chunks; base += 32 * U) {
-      if (!loaded) load(base);
-      loaded = false;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const std::int64_t c = base + u * 32;
-        if (c >= chunks) break;
-        const uint4 xv = xs[c];
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] += dot8(wv[r][u], xv);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
-    if (lane == 0) {
-      if constexpr (kSwiglu) y[o] = gemv_split::to_bf16(acc[0] / (1.0f + expf(-acc[0])) * acc[1]);
-      else y[o] = gemv_split::to_bf16(acc[0]);
-    }
+// whole_x_gemv.cuh's kernel (its comment says why and how), with x as bf16 chunks in shared memory.
+struct WholeXBf16 {
+  static constexpr int kValues = 8;
+  struct Params {};
+  struct State {};
+  static constexpr std::size_t smem_bytes(std::int64_t K) { return static_cast<std::size_t>(K) * 2 + whole_x::kRedBytes; }
+  __device__ static State prologue(const whole_x::Source& s, std::int64_t K, unsigned char* smem) {
+    whole_x::form_bf16(s, K, reinterpret_cast<uint4*>(smem), reinterpret_cast<float*>(smem + K * 2));
+    return {};
   }
-}
-
-/// Shared memory of the normed kernel: x, then kNormWarps + 1 floats.
-constexpr std::size_t normed_smem_bytes(std::int64_t K) {
-  return static_cast<std::size_t>(K) * 2 + sizeof(float) * (kNormWarps + 1);
-}
-constexpr std::size_t kNormedMaxSmem = 48 * 1024;  // the default limit: no attribute to raise
-
-/// CTAs for `outs` outputs: 2, 3 or 4 an SM, whichever gives the warps the most even share (the kernel takes as
-/// long as its busiest warp), the fewest on a tie (each CTA repeats the prologue's reads).
-unsigned normed_grid(std::int64_t outs) {
-  int dev = 0, sms = 0;
-  backend::cuda::check(cudaGetDevice(&dev), "cuda::bf16_gemv: the current device");
-  backend::cuda::check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cuda::bf16_gemv: SM count");
-  std::int64_t best = 0;
-  double best_share = -1.0;
-  for (int per_sm = 2; per_sm <= 4; ++per_sm) {
-    const std::int64_t g = std::min<std::int64_t>(static_cast<std::int64_t>(per_sm) * sms, outs);
-    const std::int64_t most = ((outs + g - 1) / g + kNormWarps - 1) / kNormWarps;  // the busiest warp's outputs
-    const double share = static_cast<double>(outs) / static_cast<double>(g * kNormWarps) / static_cast<double>(most);
-    if (share > best_share + 1e-9) {
-      best_share = share;
-      best = g;
-    }
+  __device__ static const uint4* x_chunks(const unsigned char* smem, std::int64_t) {
+    return reinterpret_cast<const uint4*>(smem);
   }
-  return static_cast<unsigned>(best);
-}
-
-/// outs: output rows (store) or gate rows (swiglu).
-template <bool kSwiglu>
-void run_normed(const char* who, const std::uint16_t* w, const ResidualNorm& x, int M, std::int64_t outs, std::int64_t K,
-                std::uint16_t* y, void* stream) {
-  using infer::detail::cat;
-  if (M != 1 || outs < 0 || K < 8 || K % 8 != 0 || normed_smem_bytes(K) > kNormedMaxSmem)
-    throw InvalidArgument(cat(who, ": M = ", M, ", N = ", outs, ", K = ", K,
-                              "; the pre-norm variant takes one row, N >= 0 and K a multiple of 8 up to ",
-                              (kNormedMaxSmem - sizeof(float) * (kNormWarps + 1)) / 2));
-  if (w == nullptr || y == nullptr || !prenorm::aligned16(w))
-    throw InvalidArgument(cat(who, ": the weight must be 16-byte aligned and y given"));
-  prenorm::check(who, x);
-  if (outs == 0) return;
-  chained::launch(bf16_gemv_normed_kernel<kSwiglu>, dim3(normed_grid(outs)), dim3(kNormWarps * 32), normed_smem_bytes(K),
-                  static_cast<cudaStream_t>(stream), reinterpret_cast<const uint4*>(w), x, outs, K, y);
-  backend::cuda::check(cudaGetLastError(), who);
-}
+  __device__ static float dot(const uint4& w, const uint4& x) { return dot8(w, x); }
+  __device__ static float out(float sum, std::int64_t, State, const Params&) { return sum; }
+};
 
 tc_ring::PathSwitch<Bf16GemvPath> g_gemv_path;
 Bf16GemvPath resolve_gemv_path() { return g_gemv_path.get("INFER_BF16_GEMV"); }
@@ -360,14 +263,24 @@ void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x, in
   backend::cuda::check(cudaGetLastError(), "cuda::bf16_gemv_swiglu: kernel launch");
 }
 
+namespace {
+void require_one_row(const char* who, int M) {
+  if (M != 1) throw InvalidArgument(infer::detail::cat(who, ": M = ", M, "; the pre-norm variant takes one row"));
+}
+}  // namespace
+
 void bf16_gemv(const std::uint16_t* w, const ResidualNorm& x, int M, std::int64_t N, std::int64_t K, std::uint16_t* y,
                void* stream) {
-  run_normed<false>("cuda::bf16_gemv (pre-norm)", w, x, M, N, K, y, stream);
+  constexpr const char* who = "cuda::bf16_gemv (pre-norm)";
+  require_one_row(who, M);
+  whole_x::launch<WholeXBf16, false>(who, w, {}, {nullptr, x}, N, K, y, stream);
 }
 
 void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const ResidualNorm& x, int M, std::int64_t I, std::int64_t K,
                       std::uint16_t* y, void* stream) {
-  run_normed<true>("cuda::bf16_gemv_swiglu (pre-norm)", w_gate_up, x, M, I, K, y, stream);
+  constexpr const char* who = "cuda::bf16_gemv_swiglu (pre-norm)";
+  require_one_row(who, M);
+  whole_x::launch<WholeXBf16, true>(who, w_gate_up, {}, {nullptr, x}, I, K, y, stream);
 }
 
 bool bf16_gemv_fuses_norm(int M, std::int64_t K) {
@@ -375,7 +288,7 @@ bool bf16_gemv_fuses_norm(int M, std::int64_t K) {
     const char* e = std::getenv("INFER_BF16_GEMV_NORM");
     return e != nullptr && std::strcmp(e, "0") == 0;
   }();
-  return !off && M == 1 && K >= 8 && K % 8 == 0 && normed_smem_bytes(K) <= kNormedMaxSmem;
+  return !off && M == 1 && whole_x::takes<WholeXBf16>(K);
 }
 
 }  // namespace infer::kernels::cuda
