@@ -122,15 +122,16 @@ __global__ void __launch_bounds__(kThreads) kernel(const uint4* __restrict__ w, 
   }
 }
 
-/// CTAs for `outs` outputs: 2, 3 or 4 an SM, whichever gives the warps the most even share (the kernel takes as
-/// long as its busiest warp), the fewest on a tie (each CTA repeats the prologue's reads).
-inline unsigned grid_for(std::int64_t outs) {
+/// CTAs for `outs` outputs: 2, 3 or 4 an SM (at most `resident` an SM, what the kernel's registers and shared
+/// memory let an SM hold, so that the whole grid runs at once), whichever gives the warps the most even share (the
+/// kernel takes as long as its busiest warp), the fewest on a tie (each CTA repeats the prologue's reads).
+inline unsigned grid_for(std::int64_t outs, int resident) {
   int dev = 0, sms = 0;
   backend::cuda::check(cudaGetDevice(&dev), "whole_x::grid_for: the current device");
   backend::cuda::check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "whole_x::grid_for: SM count");
   std::int64_t best = 1;
   double best_share = -1.0;
-  for (int per_sm = 2; per_sm <= 4; ++per_sm) {
+  for (int per_sm = 2; per_sm <= std::max(2, std::min(4, resident)); ++per_sm) {
     const std::int64_t g = std::max<std::int64_t>(1, std::min<std::int64_t>(std::int64_t{per_sm} * sms, outs));
     const std::int64_t most = ((outs + g - 1) / g + kWarps - 1) / kWarps;  // the busiest warp's outputs
     const double share = static_cast<double>(outs) / static_cast<double>(g * kWarps) / static_cast<double>(most);
@@ -161,7 +162,10 @@ void launch(const char* who, const void* w, const typename F::Params& prm, const
   if (src.normed()) prenorm::check(who, src.norm);
   else if (src.x == nullptr || !prenorm::aligned16(src.x)) throw InvalidArgument(cat(who, ": x must be given, 16-byte aligned"));
   if (outs == 0) return;
-  chained::launch(kernel<F, kSwiglu>, dim3(grid_for(outs)), dim3(kThreads), F::smem_bytes(K),
+  int resident = 0;
+  backend::cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel<F, kSwiglu>, kThreads, F::smem_bytes(K)),
+                       who);
+  chained::launch(kernel<F, kSwiglu>, dim3(grid_for(outs, resident)), dim3(kThreads), F::smem_bytes(K),
                   static_cast<cudaStream_t>(stream), static_cast<const uint4*>(w), prm, src, outs, K, y);
   backend::cuda::check(cudaGetLastError(), who);
 }
