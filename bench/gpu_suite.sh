@@ -575,6 +575,56 @@ PY_
       done
     done
     ;;
+  multi-gpu)  # issue 22 on a machine of N GPUs (N = the GPUs nvidia-smi lists, or MULTI_GPU_N): every run
+    # through Open MPI's launcher (MPIRUN) with NCCL's NVLink multicast off in every rank. Llama-3-8B dummy bf16
+    # at TP = 1 and TP = N: batch-1 decode (512 + 128) and 1024 x (128, 128); the greedy tokens of the same
+    # prompts at TP = 1 and TP = N (infer-generate, compared line by line); Llama-3-70B dummy FP8 at TP = N:
+    # batch 1 and 1024 x (128, 128); data parallel: 200 prompts (temperature 0.7, top_p 0.8, 256 tokens) on 1
+    # GPU and on N (`infer-generate --data-parallel`). Written before any multi-GPU machine was lent: not yet run.
+    mpirun=${MPIRUN:-mpirun}
+    n=${MULTI_GPU_N:-$(nvidia-smi --list-gpus | grep -c GPU)}
+    [ "$n" -ge 2 ] || { echo "gpu_suite.sh multi-gpu: $n GPU(s) here; it needs 2 or more" >&2; exit 2; }
+    export NCCL_NVLS_ENABLE=0
+    mpi=("$mpirun" --allow-run-as-root -np "$n" -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)
+    m8=(--dummy llama3-8b --quantizer bf16 --backend cuda)
+    m70=(--dummy llama3-70b --quantizer fp8 --backend cuda)
+    for tp in 1 $n; do
+      pre=(); [ $tp -gt 1 ] && pre=("${mpi[@]}")
+      run "${pre[@]}" "$bin"/infer-bench-latency "${m8[@]}" --tensor-parallel-size $tp --batch-size 1 --input-len 512 \
+        --output-len 128 --num-iters 5 --output-json "$out/multi-gpu-llama3-8b-bf16-b1-tp$tp.json"
+      run "${pre[@]}" "$bin"/infer-bench-throughput "${m8[@]}" --tensor-parallel-size $tp --num-prompts 1024 \
+        --input-len 128 --output-len 128 --output-json "$out/multi-gpu-llama3-8b-bf16-1024x128-tp$tp.json"
+    done
+    run "${mpi[@]}" "$bin"/infer-bench-latency "${m70[@]}" --tensor-parallel-size $n --batch-size 1 --input-len 512 \
+      --output-len 128 --num-iters 3 --output-json "$out/multi-gpu-llama3-70b-fp8-b1-tp$n.json"
+    run "${mpi[@]}" "$bin"/infer-bench-throughput "${m70[@]}" --tensor-parallel-size $n --num-prompts 1024 \
+      --input-len 128 --output-len 128 --output-json "$out/multi-gpu-llama3-70b-fp8-1024x128-tp$n.json"
+    # Greedy tokens at TP = N against TP = 1 (the engine's bf16 sums differ in order: near-ties may flip).
+    tok=(--tokenizer tests/fixtures/smollm2/tokenizer.json --prompts /tmp/greedy-prompts.txt --max-tokens 64 --temperature 0)
+    printf "%s\n" "The capital of France is" "Explain gradient descent in one sentence." "Write a haiku about GPUs." \
+      "List three prime numbers." "What does a compiler do?" >/tmp/greedy-prompts.txt
+    # (infer-generate's output straight to its file, not through run, whose echo would land in it)
+    "$bin"/infer-generate "${m8[@]}" "${tok[@]}" >"$out/multi-gpu-greedy-tp1.txt" || { echo "FAILED: greedy TP = 1"; fail=1; }
+    "${mpi[@]}" "$bin"/infer-generate "${m8[@]}" "${tok[@]}" --tensor-parallel-size $n >"$out/multi-gpu-greedy-tp$n.txt" ||
+      { echo "FAILED: greedy TP = $n"; fail=1; }
+    echo "greedy outputs equal at TP = 1 and TP = $n: $(cmp -s "$out/multi-gpu-greedy-tp1.txt" "$out/multi-gpu-greedy-tp$n.txt" && echo yes || echo NO)"
+    # Data parallel: the 200-prompt job on 1 GPU and on n.
+    python3 - /tmp/dp-200.txt <<'PY_'
+import sys
+qs = ["What is the capital of France?", "Explain how a transformer language model generates text."]
+open(sys.argv[1], "w").write("".join(qs[i % 2] + "\n" for i in range(200)))
+PY_
+    dp=(--dummy llama3-8b --quantizer bf16 --backend cuda --tokenizer tests/fixtures/smollm2/tokenizer.json
+        --prompts /tmp/dp-200.txt --temperature 0.7 --top-p 0.8 --max-tokens 256 --ignore-eos --json)
+    "$bin"/infer-generate "${dp[@]}" >"$out/multi-gpu-dp1.json" || { echo "FAILED: DP = 1"; fail=1; }
+    "${mpi[@]}" "$bin"/infer-generate "${dp[@]}" --data-parallel >"$out/multi-gpu-dp$n.json" || { echo "FAILED: DP = $n"; fail=1; }
+    python3 - "$out/multi-gpu-dp1.json" "$out/multi-gpu-dp$n.json" <<'PY_'
+import json, sys
+a, b = (json.load(open(p))["summary"] for p in sys.argv[1:3])
+print(f"data parallel: {a['output_tokens_per_s']:.1f} -> {b['output_tokens_per_s']:.1f} output tok/s, "
+      f"{b['output_tokens_per_s'] / a['output_tokens_per_s']:.2f}x (issue 22: >= 1.9x on 2 GPUs)")
+PY_
+    ;;
   connections)
     # The issue "The server holds under bursts, slow clients and hang-ups": on the H200, cpp-httplib's server
     # lost 8 of 300 requests at 50 concurrent and 32 of 1,200 at 200 ("connection: Read"), each request on a
@@ -595,7 +645,7 @@ PY_
     run python3 tests/programs/check_serve_connections.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
     ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|unpack|test [PART]|reference [T..]|seeds N...|bench|engines|early-ab|serve|router|connections|peer-serve|mpi-launch" >&2
+    echo "usage: bench/gpu_suite.sh build|unpack|test [PART]|reference [T..]|seeds N...|bench|engines|early-ab|serve|router|connections|peer-serve|mpi-launch|norm-ab|multi-gpu" >&2
     exit 2
     ;;
 esac

@@ -41,7 +41,7 @@ INFER_HD std::uint64_t dummy_index(std::uint64_t j, std::uint64_t cols, std::uin
 }
 
 /// The names `dummy_preset` knows, for messages and --help.
-inline constexpr std::string_view kDummyPresets = "llama3-8b, qwen2.5-7b, smollm2-135m";
+inline constexpr std::string_view kDummyPresets = "llama3-8b, llama3-70b, qwen2.5-7b, smollm2-135m";
 
 /// The shape of a known model. InvalidArgument listing the presets for an unknown name.
 inline ModelConfig dummy_preset(std::string_view name) {
@@ -54,6 +54,21 @@ inline ModelConfig dummy_preset(std::string_view name) {
     c.intermediate_size = 14336;
     c.num_layers = 32;
     c.num_heads = 32;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.rope_theta = 500000.0f;
+    c.rms_norm_eps = 1e-5f;
+    c.max_position_embeddings = 8192;
+    c.bos_token_id = 128000;
+    c.eos_token_ids = {128001, 128009};
+  } else if (name == "llama3-70b") {  // the multi-GPU runs' shape: 70.6 GB of weights in FP8, 141 in bf16
+    c.family = ModelFamily::llama;
+    c.architecture = "LlamaForCausalLM";
+    c.vocab_size = 128256;
+    c.hidden_size = 8192;
+    c.intermediate_size = 28672;
+    c.num_layers = 80;
+    c.num_heads = 64;
     c.num_kv_heads = 8;
     c.head_dim = 128;
     c.rope_theta = 500000.0f;

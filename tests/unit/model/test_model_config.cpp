@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "infer/model/dummy.hpp"
 #include "infer/model/hf_config.hpp"
 #include "infer/model/model_config.hpp"
 #include "support/fixtures.hpp"
@@ -396,4 +397,23 @@ TEST_CASE("load_hf_config: files, folders and read errors", "[model][config]") {
   CHECK_THROWS_WITH(load_hf_config(dir / "typed.json"), Contains("typed.json") && Contains("'hidden_size'"));
   CHECK_THROWS_AS(load_hf_config(dir / "absent.json"), IoError);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("dummy presets: Llama-3-70B's shape for the multi-GPU runs", "[model][config]") {
+  // 80 layers, hidden 8,192, 64 query and 8 KV heads of 128, FFN 28,672: Llama-3-70B's published config.json.
+  const ModelConfig c = dummy_preset("llama3-70b");
+  CHECK(c.num_layers == 80);
+  CHECK(c.hidden_size == 8192);
+  CHECK(c.intermediate_size == 28672);
+  CHECK(c.num_heads == 64);
+  CHECK(c.num_kv_heads == 8);
+  CHECK(c.head_dim == 128);
+  CHECK(c.vocab_size == 128256);
+  CHECK_FALSE(c.tie_word_embeddings);
+  // Its weights: 70.6 billion values (the embedding and the head untied), what FP8 at TP = 2 splits in two.
+  const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, kv = c.num_kv_heads * c.head_dim;
+  const std::int64_t per_layer = H * (H + 2 * kv) + H * H + 3 * H * I + 2 * H;
+  const std::int64_t total = c.num_layers * per_layer + 2 * V * H + H;
+  CHECK(total == 70553706496);
+  CHECK_THROWS_WITH(dummy_preset("llama3-405b"), Catch::Contains("llama3-70b"));
 }
