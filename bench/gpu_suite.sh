@@ -253,12 +253,15 @@ case "${1:-}" in
   norm-ab)  # issues 16 and 18: batch-1 decode (Llama-3-8B dummy, 512 + 128, static engine) with the one-row GEMVs
     # that form x themselves (the default: bf16's takes the pre-norm, FP8's the pre-norm and x's quantization)
     # and without them (INFER_BF16_GEMV_NORM=0, INFER_FP8_GEMV_ROW=0), alternating, two runs each; then paged
+    # bf16 also with the one-row kernel for its projections without a norm (INFER_BF16_GEMV=one_row: "k = row").
     for spec in "bf16 static 1" "fp8 static 1" "bf16 static 2" "fp8 static 2" "bf16 paged 1" "fp8 paged 1"; do
       set -- $spec
-      for k in 1 0; do
-        INFER_BF16_GEMV_NORM=$k INFER_FP8_GEMV_ROW=$k run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer $1 \
-          --engine $2 --max-batch 1 --max-input 512 --max-output 128 --batch-size 1 --input-len 512 --output-len 128 \
-          --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-$2-rowgemv$k-r$3.json"
+      ks="1 0"; [ $1 = bf16 ] && ks="1 0 row"
+      for k in $ks; do
+        norm=$k; path=${INFER_BF16_GEMV:-}; [ $k = row ] && { norm=1; path=one_row; }
+        INFER_BF16_GEMV=$path INFER_BF16_GEMV_NORM=$norm INFER_FP8_GEMV_ROW=$norm run "$bin"/infer-bench-latency \
+          --dummy llama3-8b --quantizer $1 --engine $2 --max-batch 1 --max-input 512 --max-output 128 --batch-size 1 \
+          --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-$2-rowgemv$k-r$3.json"
       done
     done
     ;;

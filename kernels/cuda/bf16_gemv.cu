@@ -224,7 +224,14 @@ template <class Out>
 void gemv(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t N, std::int64_t K, Out* y, void* stream) {
   check_args(w, x, y, M, N, K);
   if (N == 0) return;
-  if (resolve_gemv_path() == Bf16GemvPath::tensor_cores)
+  const Bf16GemvPath path = resolve_gemv_path();
+  if constexpr (sizeof(Out) == 2) {
+    if (path == Bf16GemvPath::one_row && M == 1 && whole_x::takes<WholeXBf16>(K)) {
+      whole_x::launch<WholeXBf16, false>("cuda::bf16_gemv (one row)", w, {}, {x, {}}, N, K, y, stream);
+      return;
+    }
+  }
+  if (path == Bf16GemvPath::tensor_cores || path == Bf16GemvPath::one_row)
     launch_tensor_cores(w, x, M, N, K, y, static_cast<cudaStream_t>(stream));
   else
     launch(w, x, M, N, K, y, static_cast<cudaStream_t>(stream));
@@ -244,7 +251,7 @@ void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64
 }
 
 int bf16_gemv_preferred_rows() noexcept {
-  return resolve_gemv_path() == Bf16GemvPath::tensor_cores ? kGemvMaxRows : kBf16GemvPreferredRows;
+  return resolve_gemv_path() == Bf16GemvPath::cuda_cores ? kBf16GemvPreferredRows : kGemvMaxRows;
 }
 
 Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path) {

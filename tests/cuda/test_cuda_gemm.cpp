@@ -24,6 +24,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "support/cuda_test_support.hpp"
@@ -648,14 +649,16 @@ TEST_CASE("cuda::bf16_gemv matches gemm_xwt for M = 1..8, bf16 and f32 outputs",
   // meets ragged N and K in the same shapes.
   // The tensor-core kernel also with its first weights copied before the chained wait (early copies).
   std::mt19937 rng(test_seed("cuda::bf16_gemv"));
+  // One-row kernel (Bf16GemvPath::one_row, whole_x_gemv.cuh): M = 1 with bf16 out; the tensor cores otherwise.
   for (const int early : {0, 1})
-  for (const auto path : {kc::Bf16GemvPath::cuda_cores, kc::Bf16GemvPath::tensor_cores})
+  for (const auto path : {kc::Bf16GemvPath::cuda_cores, kc::Bf16GemvPath::tensor_cores, kc::Bf16GemvPath::one_row})
   for (const Shape& s : shapes) {
-    if (early && path == kc::Bf16GemvPath::cuda_cores) continue;
+    if (early && path != kc::Bf16GemvPath::tensor_cores) continue;
     kc::set_bf16_gemv_path(path);
     kc::set_tensor_core_gemv_early_copies(early);
     for (int M = 1; M <= kc::kGemvMaxRows; ++M) {
-      INFO((path == kc::Bf16GemvPath::tensor_cores ? "tensor cores" : "CUDA cores") << (early ? ", early copies" : "")
+      INFO((path == kc::Bf16GemvPath::tensor_cores ? "tensor cores" : path == kc::Bf16GemvPath::one_row ? "one row" : "CUDA cores")
+           << (early ? ", early copies" : "")
                                                                                     << ", M=" << M << " N=" << s.N
                                                                                     << " K=" << s.K);
       const auto xb = random_bf16(static_cast<std::size_t>(M * s.K), rng);
@@ -1138,6 +1141,30 @@ TEST_CASE("bench: GGUF matmul paths at 1..64 rows on Llama-3-8B's layers", "[cud
       });
       std::printf("pre-norm %-15s %s M=1, in a graph: norm kernel + gemv %7.2f us, gemv with the norm %7.2f us\n",
                   f.name, std::string(name(f.t)).c_str(), apart * 1e3, fused * 1e3);
+    }
+  }
+  {
+    // bf16 at one row, no norm (o, down and the rest): the ring kernel (the default) against the one-row kernel
+    // (Bf16GemvPath::one_row), in a graph, on enough copies of the weight to defeat the L2.
+    for (const Layer& l : layers) {
+      if (std::string_view(l.name) == "lm_head") continue;
+      const std::size_t bytes = static_cast<std::size_t>(l.N * l.K) * 2;
+      const int copies = static_cast<int>(std::max<std::size_t>(2, (400u << 20) / bytes));
+      test::DeviceMem w(bytes * static_cast<std::size_t>(copies)), x(static_cast<std::size_t>(l.K) * 2),
+          y(static_cast<std::size_t>(l.N) * 2);
+      CUDA_REQUIRE(cudaMemset(w.p, 0x11, bytes * static_cast<std::size_t>(copies)));
+      CUDA_REQUIRE(cudaMemset(x.p, 0x11, static_cast<std::size_t>(l.K) * 2));
+      double us[2];
+      for (const int one_row : {0, 1}) {
+        kc::set_bf16_gemv_path(one_row ? kc::Bf16GemvPath::one_row : kc::Bf16GemvPath::tensor_cores);
+        us[one_row] = 1e3 * graph_median_ms(copies, stream, [&](int i) {
+          kc::bf16_gemv(w.as<std::uint16_t>(bytes * static_cast<std::size_t>(i)), x.as<std::uint16_t>(), 1, l.N, l.K,
+                        y.as<std::uint16_t>(), stream);
+        });
+      }
+      kc::set_bf16_gemv_path(kc::Bf16GemvPath::automatic);
+      std::printf("bf16 %-8s M=1, in a graph: ring %7.2f us (%.0f GB/s), one row %7.2f us (%.0f GB/s)\n", l.name, us[0],
+                  static_cast<double>(bytes) / us[0] / 1e3, us[1], static_cast<double>(bytes) / us[1] / 1e3);
     }
   }
   for (DType t : {DType::q4_k, DType::q6_k, DType::q8_0, DType::q4_0}) {

@@ -261,7 +261,10 @@ void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x_bf16, int M, std::
 /// INFER_BF16_GEMV, read once — `cuda_cores`, else the tensor cores (mma.sync, the weights streamed through
 /// shared memory; as fast at one row, 6% faster than cuBLASLt at 4 and 8). Returns the previous choice; takes effect at the next call (a captured CUDA graph keeps the
 /// kernel it captured). For tests and A/B runs. The fused variants below always run on the CUDA cores.
-enum class Bf16GemvPath : int { automatic = 0, cuda_cores = 1, tensor_cores = 2 };
+/// `one_row` (INFER_BF16_GEMV=one_row): at one row with bf16 out, the kernel of the pre-norm overloads below on
+/// plain x (every CTA reads all of x, a grid the GPU holds at once; the tensor cores otherwise), to measure
+/// against the ring kernel on the projections without a norm (o, down).
+enum class Bf16GemvPath : int { automatic = 0, cuda_cores = 1, tensor_cores = 2, one_row = 3 };
 Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path);
 
 /// Whether the tensor-core GEMVs (bf16_gemv's and fp8_gemv's ring kernels) copy their first weights before
