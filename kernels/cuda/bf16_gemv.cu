@@ -291,11 +291,8 @@ void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const ResidualNorm& x, int
 }
 
 bool bf16_gemv_fuses_norm(int M, std::int64_t K) {
-  static const bool off = [] {
-    const char* e = std::getenv("INFER_BF16_GEMV_NORM");
-    return e != nullptr && std::strcmp(e, "0") == 0;
-  }();
-  return !off && M == 1 && whole_x::takes<WholeXBf16>(K);
+  static const bool on = whole_x::switch_from_env("INFER_BF16_GEMV_NORM");
+  return on && M == 1 && whole_x::takes<WholeXBf16>(K);
 }
 
 }  // namespace infer::kernels::cuda

@@ -435,11 +435,8 @@ void fp8_gemv_swiglu(const std::uint8_t* w_q, const float* w_scale, const Residu
 }
 
 bool fp8_gemv_quantizes_x(std::int64_t K) {
-  static const bool off = [] {
-    const char* e = std::getenv("INFER_FP8_GEMV_ROW");
-    return e != nullptr && std::strcmp(e, "0") == 0;
-  }();
-  return !off && whole_x::takes<WholeXFp8>(K);
+  static const bool on = whole_x::switch_from_env("INFER_FP8_GEMV_ROW");
+  return on && whole_x::takes<WholeXFp8>(K);
 }
 
 }  // namespace infer::kernels::cuda

@@ -23,6 +23,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
@@ -141,6 +143,16 @@ inline unsigned grid_for(std::int64_t outs, int resident) {
     }
   }
   return static_cast<unsigned>(best);
+}
+
+/// Whether the decoder runs these kernels at batch 1 by default (bf16_gemv_fuses_norm, fp8_gemv_quantizes_x).
+inline constexpr bool kUsedByDefault = true;
+/// A decoder switch for A/B runs in one build: `env` = 1 on, 0 off, unset kUsedByDefault (read once by the caller).
+inline bool switch_from_env(const char* env) {
+  const char* e = std::getenv(env);
+  if (e != nullptr && std::strcmp(e, "1") == 0) return true;
+  if (e != nullptr && std::strcmp(e, "0") == 0) return false;
+  return kUsedByDefault;
 }
 
 /// Whether F's kernel takes a row of K: a whole number of chunks (and of bf16 chunks), x within kMaxSmem.

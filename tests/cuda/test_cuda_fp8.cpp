@@ -217,7 +217,6 @@ TEST_CASE("cuda::fp8_gemv at one row quantizes x itself: bf16 x, the pre-norm, S
     ++seed;
     const std::int64_t N = sh.N, K = sh.K;
     INFO("N=" << N << " K=" << K << " seed " << seed);
-    REQUIRE(kc::fp8_gemv_quantizes_x(K));
     std::mt19937 rng(seed);
     std::vector<float> wf(static_cast<std::size_t>(2 * N * K));  // 2N rows: [gate; up] for SwiGLU, the first N else
     std::normal_distribution<float> d(0.0f, 0.02f);
