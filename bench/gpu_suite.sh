@@ -265,6 +265,17 @@ case "${1:-}" in
       done
     done
     ;;
+  early-x-ab)  # the one-row GEMVs' first loads before their chained wait or after (INFER_WHOLE_X_EARLY), against
+    # the kernels without them, bf16 and FP8, static engine, batch 1 (512 + 128)
+    for q in bf16 fp8; do
+      for v in "1 1" "1 0" "0 1"; do
+        set -- $v
+        INFER_BF16_GEMV_NORM=$1 INFER_FP8_GEMV_ROW=$1 INFER_WHOLE_X_EARLY=$2 run "$bin"/infer-bench-latency --dummy llama3-8b \
+          --quantizer $q --engine static --max-batch 1 --max-input 512 --max-output 128 --batch-size 1 --input-len 512 \
+          --output-len 128 --num-iters 3 --output-json "$out/latency-llama3-8b-b1-512-128-$q-row$1-early$2.json"
+      done
+    done
+    ;;
   baseline-ab)  # batch-1 decode with this build and an earlier one, alternating (the earlier one's FP8 GEMV on
     # the CUDA cores, today's default; builds before 1a91f03 defaulted to the tensor cores)
     base=${BASELINE:-/root/stage/baseline}

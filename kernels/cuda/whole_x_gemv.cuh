@@ -68,7 +68,7 @@ __device__ __forceinline__ void form_bf16(const Source& s, std::int64_t K, uint4
 template <class F, bool kSwiglu>
 __global__ void __launch_bounds__(kThreads) kernel(const uint4* __restrict__ w, const typename F::Params prm,
                                                    const Source src, std::int64_t outs, std::int64_t K,
-                                                   std::uint16_t* __restrict__ y) {
+                                                   std::uint16_t* __restrict__ y, int early) {
   constexpr int R = kSwiglu ? 2 : 1;  // weight rows an output
   constexpr int U = kChunks / R;      // chunks of each in flight
   extern __shared__ __align__(16) unsigned char smem[];
@@ -88,8 +88,13 @@ __global__ void __launch_bounds__(kThreads) kernel(const uint4* __restrict__ w, 
       }
     }
   };
-  if (o < o_end) load(lane);
-  chained::wait_for_previous_kernel();
+  if (early) {
+    if (o < o_end) load(lane);
+    chained::wait_for_previous_kernel();
+  } else {
+    chained::wait_for_previous_kernel();
+    if (o < o_end) load(lane);
+  }
   const typename F::State st = F::prologue(src, K, smem);
   const uint4* xs = F::x_chunks(smem, K);
   bool loaded = true;  // the first output's first chunks, loaded above
@@ -155,6 +160,16 @@ inline bool switch_from_env(const char* env) {
   return kUsedByDefault;
 }
 
+/// Whether a warp issues its first loads before the chained wait (the file comment): yes unless
+/// INFER_WHOLE_X_EARLY=0 (read once; an A/B switch).
+inline int early_loads() {
+  static const int v = [] {
+    const char* e = std::getenv("INFER_WHOLE_X_EARLY");
+    return e != nullptr && std::strcmp(e, "0") == 0 ? 0 : 1;
+  }();
+  return v;
+}
+
 /// Whether F's kernel takes a row of K: a whole number of chunks (and of bf16 chunks), x within kMaxSmem.
 template <class F>
 [[nodiscard]] bool takes(std::int64_t K) {
@@ -178,7 +193,7 @@ void launch(const char* who, const void* w, const typename F::Params& prm, const
   backend::cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel<F, kSwiglu>, kThreads, F::smem_bytes(K)),
                        who);
   chained::launch(kernel<F, kSwiglu>, dim3(grid_for(outs, resident)), dim3(kThreads), F::smem_bytes(K),
-                  static_cast<cudaStream_t>(stream), static_cast<const uint4*>(w), prm, src, outs, K, y);
+                  static_cast<cudaStream_t>(stream), static_cast<const uint4*>(w), prm, src, outs, K, y, early_loads());
   backend::cuda::check(cudaGetLastError(), who);
 }
 
