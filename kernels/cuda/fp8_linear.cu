@@ -228,8 +228,9 @@ void launch_cuda_cores(const uint4* w4, const float* w_scale, const uint4* x4, c
 // Each CTA forms x (bf16 values, or the decoder's pre-norm) in shared memory, takes max |x| (a maximum, the same
 // in every CTA whatever the order), s = max / 448, and x's codes: quantize_rows_e4m3's arithmetic, bit for bit.
 // Then dot16 against 16-code weight chunks, each output's sum scaled by s_w · s once, as fp8_gemv_kernel does.
-// A batch-1 step then runs neither the activation quantization before each projection (four a layer) nor the
-// norms before qkv and gate_up. (The tensor-core kernel's blocks quantizing x themselves lost, below: there one
+// Where the decoder takes it (INFER_FP8_GEMV_ROW=1), a batch-1 step runs neither the activation quantization
+// before each projection (four a layer) nor the norms before qkv and gate_up; measured 9% slower end to end on an
+// H100 all the same, so it is off by default (whole_x_gemv.cuh's kUsedByDefault). (The tensor-core kernel's blocks quantizing x themselves lost, below: there one
 // CTA per 16 rows repeated the prologue ~1,800 times; here the grid is what the GPU holds at once.)
 struct WholeXFp8 {
   static constexpr int kValues = 16;

@@ -3,7 +3,8 @@
 // bf16 values or from the decoder's pre-norm (residual_norm.cuh), and for FP8 quantized there as well. What that
 // saves a batch-1 decode step is the small kernels between its GEMVs (the norms; FP8's activation quantizations):
 // each costs ~2 µs of latency in a graph (the GGUF paths bench), and a Llama-3-8B step has 64 norms and, in FP8,
-// 128 quantizations. bf16_gemv.cu and fp8_linear.cu instantiate `kernel` with their Format.
+// 128 quantizations. bf16_gemv.cu and fp8_linear.cu instantiate `kernel` with their Format. Measured, the steps
+// that use them were slower, not faster (kUsedByDefault below): the decoder takes them only where asked.
 //
 // Work layout. Since every CTA repeats the prologue (reading x, or the residual, delta and norm weight: ~40 KB
 // from L2 at K = 4,096), the grid is what the GPU holds at once (2-4 CTAs an SM, grid_for), not one CTA per few
@@ -150,8 +151,16 @@ inline unsigned grid_for(std::int64_t outs, int resident) {
   return static_cast<unsigned>(best);
 }
 
-/// Whether the decoder runs these kernels at batch 1 by default (bf16_gemv_fuses_norm, fp8_gemv_quantizes_x).
-inline constexpr bool kUsedByDefault = true;
+/// Whether the decoder runs these kernels at batch 1 by default (bf16_gemv_fuses_norm, fp8_gemv_quantizes_x): no.
+/// Measured on an H100 (acfdce2's parent, bench/results/gpu-2026-12-07d; Llama-3-8B dummy, batch 1, 512 + 128, static
+/// engine, two runs each): bf16 163.1 / 163.3 tok/s with the pre-norm in the qkv and gate_up GEMVs against 175.6 /
+/// 176.1 with the norm kernels (-7%), FP8 238.8 / 239.5 with no quantization or norm kernel against 263.4 / 263.4
+/// (-9%), although alone, in a graph of the same kernel on cold weights (the GGUF paths bench), the fused bf16 qkv
+/// and gate_up took 20.97 and 83.18 us against 21.18 and 82.24 for norm kernel + GEMV. Until the step's loss is
+/// understood (what differs from the bench is the kernels around them: the ring GEMVs before, whose 104 KiB of
+/// shared memory a CTA leave no room for these CTAs to start early), INFER_BF16_GEMV_NORM=1 and
+/// INFER_FP8_GEMV_ROW=1 turn them on for A/B runs (gpu_suite.sh norm-ab, early-x-ab).
+inline constexpr bool kUsedByDefault = false;
 /// A decoder switch for A/B runs in one build: `env` = 1 on, 0 off, unset kUsedByDefault (read once by the caller).
 inline bool switch_from_env(const char* env) {
   const char* e = std::getenv(env);

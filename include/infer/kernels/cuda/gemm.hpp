@@ -292,8 +292,8 @@ void bf16_gemv(const std::uint16_t* w, const ResidualNorm& x, int M, std::int64_
 void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const ResidualNorm& x, int M, std::int64_t I, std::int64_t K,
                       std::uint16_t* y_bf16, void* stream);
 /// Whether the decoder folds the pre-norm of M rows of K into the bf16 GEMV (the ResidualNorm overloads above):
-/// at one row, where x fits, by default (whole_x_gemv.cuh's kUsedByDefault); INFER_BF16_GEMV_NORM=1 or 0 says
-/// otherwise (read once; for A/B runs in one build).
+/// at one row, where x fits, where INFER_BF16_GEMV_NORM=1 (read once; off by default: whole_x_gemv.cuh's
+/// kUsedByDefault says why, measured 7% slower end to end on an H100).
 [[nodiscard]] bool bf16_gemv_fuses_norm(int M, std::int64_t K);
 
 /// Whether `gguf_gemv` takes this weight type: every type its integer dot product decodes (all the GGUF block
