@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "support/cuda_test_support.hpp"
+#include "support/prenorm_case.hpp"
 #include "infer/core/dtype.hpp"
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
@@ -83,6 +84,17 @@ void check_close(const std::vector<float>& got, const std::vector<float>& ref, c
   }
   CHECK(bad == 0);
   std::printf("  worst error / bound %.3g, relative Frobenius error %.3g\n", worst, std::sqrt(err2 / std::max(ref2, 1e-30)));
+}
+
+/// How many of x's bf16 values differ from the norm kernel's `ref` (by one ulp at most: more fails the check).
+int ulps_apart(const std::vector<std::uint16_t>& x, const std::vector<std::uint16_t>& ref) {
+  int differ = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const int d = static_cast<int>(x[i]) - static_cast<int>(ref[i]);
+    if (d != 0) ++differ;
+    if (d < -1 || d > 1) FAIL_CHECK("x[" << i << "] bits " << x[i] << ", the norm kernel's " << ref[i]);
+  }
+  return differ;
 }
 
 const DType kGemvTypes[] = {DType::q8_0, DType::q4_0, DType::q4_1,  DType::q5_0,   DType::q5_1,
@@ -840,13 +852,9 @@ TEST_CASE("cuda::gguf_gemv with x as a pre-norm: the norm's bits, then the plain
       std::mt19937 rng(seed);
       const auto blocks = test::random_tensor(t, static_cast<std::size_t>(N * K), rng);
       const auto n = static_cast<std::size_t>(M * K);
-      std::normal_distribution<float> nd(0.0f, 2.0f), nw(1.0f, 0.3f);
-      std::vector<float> residual(n), weight(static_cast<std::size_t>(K));
-      for (auto& v : residual) v = nd(rng);
-      for (auto& v : weight) v = nw(rng);
-      const auto delta = random_bf16(n, rng);
-      std::vector<float> sum(n);
-      for (std::size_t i = 0; i < n; ++i) sum[i] = residual[i] + bf16_to_f32(delta[i]);
+      const PreNormCase pc(M, K, rng);
+      const auto &residual = pc.residual, &weight = pc.weight, &sum = pc.sum;
+      const auto& delta = pc.delta;
 
       test::DeviceMem dw(blocks.size()), dres(n * 4), ddelta(n * 2), dnw(weight.size() * 4), dsum(n * 4), dxn(n * 2),
           dref_sum(n * 4), dref_xn(n * 2), dy(static_cast<std::size_t>(M * N) * 4), dy2(static_cast<std::size_t>(M * N) * 4);
@@ -868,19 +876,8 @@ TEST_CASE("cuda::gguf_gemv with x as a pre-norm: the norm's bits, then the plain
       CHECK(std::memcmp(got_sum.data(), sum.data(), n * 4) == 0);
       CHECK(download<float>(dres.p, n) == residual);  // the input is not written
       const auto xn = download<std::uint16_t>(dxn.p, n), ref_xn = download<std::uint16_t>(dref_xn.p, n);
-      std::vector<float> cpu(n);
-      kernels::cpu::rms_norm(sum.data(), weight.data(), cpu.data(), M, K, eps);
-      int far = 0, differ = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        // One bf16 ulp of the value, from the inverse norm's rounding (rsqrtf, summation order).
-        const float ulp = std::ldexp(std::fabs(cpu[i]), -7) + 1e-30f;
-        if (!(std::fabs(bf16_to_f32(xn[i]) - cpu[i]) <= ulp) && ++far <= 5)
-          FAIL_CHECK("x[" << i << "] = " << bf16_to_f32(xn[i]) << ", the CPU's norm " << cpu[i]);
-        const int d = static_cast<int>(xn[i]) - static_cast<int>(ref_xn[i]);
-        if (d != 0) ++differ;
-        if (d < -1 || d > 1) FAIL_CHECK("x[" << i << "] bits " << xn[i] << ", the norm kernel's " << ref_xn[i]);
-      }
-      CHECK(far == 0);
+      pc.check_x(xn, M, K, eps);
+      const int differ = ulps_apart(xn, ref_xn);
       std::printf("  %s M=%d K=%lld: %d of %zu x values an ulp from the norm kernel's\n", name(t).data(), M,
                   static_cast<long long>(K), differ, n);
       // y: the plain GEMV's bits on the x written.
@@ -949,14 +946,10 @@ TEST_CASE("cuda::bf16_gemv with x as a pre-norm: the norm's bits, then the produ
     INFO("N=" << N << " K=" << K << (sh.swiglu ? " swiglu" : "") << " seed " << seed);
     std::mt19937 rng(seed);
     const auto n = static_cast<std::size_t>(K);
-    std::normal_distribution<float> nd(0.0f, 2.0f), nw(1.0f, 0.3f);
-    std::vector<float> residual(n), weight(n);
-    for (auto& v : residual) v = nd(rng);
-    for (auto& v : weight) v = nw(rng);
-    const auto delta = random_bf16(n, rng);
+    const PreNormCase pc(1, K, rng);
+    const auto &residual = pc.residual, &weight = pc.weight, &sum = pc.sum;
+    const auto& delta = pc.delta;
     const auto wb = random_bf16(static_cast<std::size_t>(rows * K), rng);
-    std::vector<float> sum(n);
-    for (std::size_t i = 0; i < n; ++i) sum[i] = residual[i] + bf16_to_f32(delta[i]);
 
     test::DeviceMem dw(wb.size() * 2), dres(n * 4), ddelta(n * 2), dnw(n * 4), dsum(n * 4), dxn(n * 2), dref_sum(n * 4),
         dref_xn(n * 2), dy(static_cast<std::size_t>(N) * 2), dy2(static_cast<std::size_t>(N) * 2);
@@ -981,18 +974,8 @@ TEST_CASE("cuda::bf16_gemv with x as a pre-norm: the norm's bits, then the produ
     CHECK(std::memcmp(got_sum.data(), sum.data(), n * 4) == 0);
     CHECK(download<float>(dres.p, n) == residual);  // the input is not written
     const auto xn = download<std::uint16_t>(dxn.p, n), ref_xn = download<std::uint16_t>(dref_xn.p, n);
-    std::vector<float> cpu(n);
-    kernels::cpu::rms_norm(sum.data(), weight.data(), cpu.data(), 1, K, eps);
-    int far = 0, differ = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const float ulp = std::ldexp(std::fabs(cpu[i]), -7) + 1e-30f;  // one bf16 ulp of the value
-      if (!(std::fabs(bf16_to_f32(xn[i]) - cpu[i]) <= ulp) && ++far <= 5)
-        FAIL_CHECK("x[" << i << "] = " << bf16_to_f32(xn[i]) << ", the CPU's norm " << cpu[i]);
-      const int d = static_cast<int>(xn[i]) - static_cast<int>(ref_xn[i]);
-      if (d != 0) ++differ;
-      if (d < -1 || d > 1) FAIL_CHECK("x[" << i << "] bits " << xn[i] << ", the norm kernel's " << ref_xn[i]);
-    }
-    CHECK(far == 0);
+    pc.check_x(xn, 1, K, eps);
+    const int differ = ulps_apart(xn, ref_xn);
     std::printf("  bf16 pre-norm K=%lld: %d of %zu x values an ulp from the norm kernel's\n", static_cast<long long>(K),
                 differ, n);
     // y against the product of the x written.

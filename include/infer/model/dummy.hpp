@@ -62,20 +62,11 @@ inline ModelConfig dummy_preset(std::string_view name) {
     c.bos_token_id = 128000;
     c.eos_token_ids = {128001, 128009};
   } else if (name == "llama3-70b") {  // the multi-GPU runs' shape: 70.6 GB of weights in FP8, 141 in bf16
-    c.family = ModelFamily::llama;
-    c.architecture = "LlamaForCausalLM";
-    c.vocab_size = 128256;
+    c = dummy_preset("llama3-8b");       // the same family, vocabulary, RoPE and tokens; wider and deeper
     c.hidden_size = 8192;
     c.intermediate_size = 28672;
     c.num_layers = 80;
     c.num_heads = 64;
-    c.num_kv_heads = 8;
-    c.head_dim = 128;
-    c.rope_theta = 500000.0f;
-    c.rms_norm_eps = 1e-5f;
-    c.max_position_embeddings = 8192;
-    c.bos_token_id = 128000;
-    c.eos_token_ids = {128001, 128009};
   } else if (name == "qwen2.5-7b") {
     c.family = ModelFamily::qwen2;
     c.architecture = "Qwen2ForCausalLM";
