@@ -251,8 +251,9 @@ case "${1:-}" in
     done
     ;;
   norm-ab)  # issues 16 and 18: batch-1 decode (Llama-3-8B dummy, 512 + 128, static engine) with the one-row GEMVs
-    # that form x themselves (the default: bf16's takes the pre-norm, FP8's the pre-norm and x's quantization)
-    # and without them (INFER_BF16_GEMV_NORM=0, INFER_FP8_GEMV_ROW=0), alternating, two runs each; then paged
+    # that form x themselves (INFER_BF16_GEMV_NORM=1: bf16's takes the pre-norm; INFER_FP8_GEMV_ROW=1: FP8's the
+    # pre-norm and x's quantization) and without them (=0, the default since a8a7992: measured slower on an H100,
+    # bench/results/gpu-2026-12-07d), alternating, two runs each; then paged
     # bf16 also with the one-row kernel for its projections without a norm (INFER_BF16_GEMV=one_row: "k = row").
     for spec in "bf16 static 1" "fp8 static 1" "bf16 static 2" "fp8 static 2" "bf16 paged 1" "fp8 paged 1"; do
       set -- $spec
