@@ -18,8 +18,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"

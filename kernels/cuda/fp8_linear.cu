@@ -17,8 +17,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
@@ -230,8 +228,9 @@ void launch_cuda_cores(const uint4* w4, const float* w_scale, const uint4* x4, c
 // Then dot16 against 16-code weight chunks, each output's sum scaled by s_w · s once, as fp8_gemv_kernel does.
 // Where the decoder takes it (INFER_FP8_GEMV_ROW=1), a batch-1 step runs neither the activation quantization
 // before each projection (four a layer) nor the norms before qkv and gate_up; measured 9% slower end to end on an
-// H100 all the same, so it is off by default (whole_x_gemv.cuh's kUsedByDefault). (The tensor-core kernel's blocks quantizing x themselves lost, below: there one
-// CTA per 16 rows repeated the prologue ~1,800 times; here the grid is what the GPU holds at once.)
+// H100 all the same, so it is off by default (whole_x_gemv.cuh's kUsedByDefault). (The tensor-core kernel's blocks
+// quantizing x themselves lost, below: there one CTA per 16 rows repeated the prologue ~1,800 times; here the grid
+// is what the GPU holds at once.)
 struct WholeXFp8 {
   static constexpr int kValues = 16;
   struct Params {
@@ -419,19 +418,25 @@ void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint16_t
   whole_x::launch<WholeXFp8, false>(who, w_q, {w_scale}, {x_bf16, {}}, N, K, y, stream);
 }
 
+namespace {
+/// The pre-norm overloads' own refusals (whole_x::launch checks the rest): no weight scales, no norm weight.
+void require_scales_and_norm(const char* who, const float* w_scale, const ResidualNorm& x) {
+  if (w_scale == nullptr || x.weight == nullptr)
+    throw InvalidArgument(infer::detail::cat(who, ": null ", w_scale == nullptr ? "weight scales" : "pre-norm weight"));
+}
+}  // namespace
+
 void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const ResidualNorm& x, std::int64_t N, std::int64_t K,
               std::uint16_t* y, void* stream) {
   constexpr const char* who = "cuda::fp8_gemv (pre-norm)";
-  if (w_scale == nullptr || x.weight == nullptr)
-    throw InvalidArgument(infer::detail::cat(who, ": null ", w_scale == nullptr ? "weight scales" : "pre-norm weight"));
+  require_scales_and_norm(who, w_scale, x);
   whole_x::launch<WholeXFp8, false>(who, w_q, {w_scale}, {nullptr, x}, N, K, y, stream);
 }
 
 void fp8_gemv_swiglu(const std::uint8_t* w_q, const float* w_scale, const ResidualNorm& x, std::int64_t I, std::int64_t K,
                      std::uint16_t* y, void* stream) {
   constexpr const char* who = "cuda::fp8_gemv_swiglu (pre-norm)";
-  if (w_scale == nullptr || x.weight == nullptr)
-    throw InvalidArgument(infer::detail::cat(who, ": null ", w_scale == nullptr ? "weight scales" : "pre-norm weight"));
+  require_scales_and_norm(who, w_scale, x);
   whole_x::launch<WholeXFp8, true>(who, w_q, {w_scale}, {nullptr, x}, I, K, y, stream);
 }
 

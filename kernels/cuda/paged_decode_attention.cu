@@ -44,6 +44,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/attention.hpp"
@@ -482,18 +483,6 @@ __global__ void __launch_bounds__(D) paged_decode_merge_kernel(const DecodeParam
   p.out[head * D + d] = f32_to_bf16(sum > 0.0f ? a / sum * p.v_scale : 0.0f);
 }
 
-int sm_count() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};
-  if (dev >= 0 && dev < kMaxDevices && cached[dev] > 0) return cached[dev];
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
-  if (dev >= 0 && dev < kMaxDevices) cached[dev] = n;
-  return n;
-}
-
 void check(const PagedKvBatch& b, int num_heads) {
   using infer::detail::cat;
   if (b.num_seqs < 0 || b.num_seqs > 65535)
@@ -535,7 +524,7 @@ int blocks_per_sm() {
   return n;
 }
 
-int resident_blocks(int d) { return (d == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>()) * sm_count(); }
+int resident_blocks(int d) { return (d == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>()) * backend::cuda::sm_count(); }
 
 /// Splits per sequence so that the grid fills the GPU in whole waves: none when the unsplit grid already
 /// takes two waves or more (its last wave then costs at most a third of the time, and every split adds

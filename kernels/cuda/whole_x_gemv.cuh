@@ -134,9 +134,7 @@ __global__ void __launch_bounds__(kThreads) kernel(const uint4* __restrict__ w, 
 /// memory let an SM hold, so that the whole grid runs at once), whichever gives the warps the most even share (the
 /// kernel takes as long as its busiest warp), the fewest on a tie (each CTA repeats the prologue's reads).
 inline unsigned grid_for(std::int64_t outs, int resident) {
-  int dev = 0, sms = 0;
-  backend::cuda::check(cudaGetDevice(&dev), "whole_x::grid_for: the current device");
-  backend::cuda::check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "whole_x::grid_for: SM count");
+  const int sms = backend::cuda::sm_count();
   std::int64_t best = 1;
   double best_share = -1.0;
   for (int per_sm = 2; per_sm <= std::max(2, std::min(4, resident)); ++per_sm) {

@@ -47,6 +47,26 @@ inline int device_count() noexcept {
   return n;
 }
 
+/// The current device's streaming multiprocessors (kernels size their grids by it), asked once per device and
+/// kept; 132 (an H100's or H200's) when the driver cannot say.
+inline int sm_count() noexcept {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 132;
+  }
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  if (dev >= 0 && dev < kMaxDevices && cached[dev] > 0) return cached[dev];
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+    (void)cudaGetLastError();
+    n = 132;
+  }
+  if (dev >= 0 && dev < kMaxDevices) cached[dev] = n;
+  return n;
+}
+
 /// The current device's architecture as nvcc names it ("sm_90" for an H100 or H200).
 inline std::string device_architecture() {
   int device = 0, major = 0, minor = 0;
