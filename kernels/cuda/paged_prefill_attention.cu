@@ -41,6 +41,7 @@
 #include "infer/kernels/cuda/attention.hpp"
 #include "kv_fp8.cuh"
 #include "mma_bf16.cuh"
+#include "paged_prefill.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -51,23 +52,7 @@ constexpr int kMaxGridX = 4096;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct PrefillParams {
-  const void* k;  ///< bf16 bits, or e4m3 codes (kFp8)
-  const void* v;
-  const std::int32_t* tables;
-  const std::int32_t* q_indptr;
-  const std::int32_t* q_start;
-  const std::uint16_t* q;
-  std::int64_t q_stride;  ///< elements from one query row to the next
-  std::uint16_t* out;
-  int max_blocks;
-  int block_shift;
-  int kv_heads;
-  int num_heads;
-  int group;
-  float scale_log2;  ///< scale · log2 e (· K's scale, kFp8)
-  float v_scale;     ///< V's scale (kFp8), else 1
-};
+using detail::PrefillParams;
 
 // ---- CUDA-core kernel (the fallback) ------------------------------------------------------------------
 // One thread block = one sequence x one query head x a tile of BQ = 32 queries (grid-striding over the
@@ -567,10 +552,11 @@ std::atomic<int> g_path{static_cast<int>(PrefillPath::automatic)};
 PrefillPath env_path() {
   static const PrefillPath path = [] {
     const char* v = std::getenv("INFER_PREFILL_ATTENTION");
-    if (v == nullptr) return PrefillPath::tensor_cores_q128;
+    if (v == nullptr) return PrefillPath::tensor_cores_wgmma;
     if (std::strcmp(v, "cuda_cores") == 0 || std::strcmp(v, "fallback") == 0) return PrefillPath::cuda_cores;
     if (std::strcmp(v, "tc64") == 0) return PrefillPath::tensor_cores_q64;
-    return PrefillPath::tensor_cores_q128;
+    if (std::strcmp(v, "tc128") == 0) return PrefillPath::tensor_cores_q128;
+    return PrefillPath::tensor_cores_wgmma;
   }();
   return path;
 }
@@ -628,6 +614,7 @@ const char* path_name(PrefillPath path) {
   switch (path) {
     case PrefillPath::cuda_cores: return "CUDA cores";
     case PrefillPath::tensor_cores_q64: return "tensor cores, 64-query tiles";
+    case PrefillPath::tensor_cores_wgmma: return "tensor cores, wgmma";
     default: return "tensor cores, 128-query tiles";
   }
 }
@@ -701,7 +688,10 @@ void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, 
   // blocks past their chunk's end exit at once, and the kernels grid-stride beyond kMaxGridX tiles.
   const std::int64_t cap = static_cast<std::int64_t>(b.max_blocks_per_seq) * b.block_size;
   PrefillPath path = resolve_path();
-  if (misaligned(out)) path = PrefillPath::cuda_cores;  // the tensor-core kernel stores 16 bytes at a time
+  if (misaligned(out)) path = PrefillPath::cuda_cores;  // the tensor-core kernels store 16 bytes at a time
+  // wgmma: Hopper (compute capability 9.0) only, and a bf16 cache; else the mma.sync kernel's 128-query tiles.
+  if (path == PrefillPath::tensor_cores_wgmma && (fp8 || !detail::prefill_wgmma_runs_here()))
+    path = PrefillPath::tensor_cores_q128;
   auto s = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaSuccess;
   const auto tc = [&]<int MT, bool kFp8>() {
@@ -714,6 +704,9 @@ void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, 
       break;
     case PrefillPath::tensor_cores_q64:
       err = fp8 ? tc.template operator()<1, true>() : tc.template operator()<1, false>();
+      break;
+    case PrefillPath::tensor_cores_wgmma:
+      err = detail::launch_prefill_wgmma(p, b.head_dim, b.num_seqs, cap, s);
       break;
     default:
       err = fp8 ? tc.template operator()<2, true>() : tc.template operator()<2, false>();

@@ -308,13 +308,14 @@ struct PrefillPathScope {
 };
 
 constexpr kc::PrefillPath kPrefillPaths[] = {kc::PrefillPath::cuda_cores, kc::PrefillPath::tensor_cores_q64,
-                                             kc::PrefillPath::tensor_cores_q128};
+                                             kc::PrefillPath::tensor_cores_q128, kc::PrefillPath::tensor_cores_wgmma};
 
 const char* prefill_path_name(kc::PrefillPath p) {
   switch (p) {
     case kc::PrefillPath::cuda_cores: return "CUDA cores";
     case kc::PrefillPath::tensor_cores_q64: return "tensor cores, 64-query tiles";
     case kc::PrefillPath::tensor_cores_q128: return "tensor cores, 128-query tiles";
+    case kc::PrefillPath::tensor_cores_wgmma: return "tensor cores, wgmma";
     default: return "automatic";
   }
 }
@@ -602,28 +603,34 @@ TEST_CASE("CUDA paged decode attention bandwidth", "[cuda][attention][.bench]") 
 }
 
 TEST_CASE("CUDA paged prefill attention throughput", "[cuda][attention][.bench]") {
-  // 4 sequences x 4096 tokens, causal, 32 query heads of 128 over 8 (GQA) or 32 KV heads, block 16; FLOPs
-  // counted as 4·b·h·d·(causal pairs). Constant inputs make the softmax uniform, so every output value is
-  // exactly V's (p = 1 is exact in bf16 and n·v is exact in f32): a cheap check that every row was written.
-  constexpr int S = 4, L = 4096, H = 32, D = 128, BS = 16;
-  constexpr int MB = L / BS;  // the table covers exactly the chunk: no thread block exits early
-  constexpr std::uint16_t kValue = 0x3c3c;
-  const std::size_t blocks = static_cast<std::size_t>(S) * MB;
-  const std::size_t qn = static_cast<std::size_t>(S) * L * H * D;
-  std::mt19937 rng(7);
-  std::vector<std::int32_t> ids(blocks);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<std::int32_t> ind(S + 1);
-  for (int s = 0; s <= S; ++s) ind[static_cast<std::size_t>(s)] = s * L;
-  test::DeviceMem dt(blocks * 4), dl(S * 4), dq(qn * 2), dout(qn * 2), dind((S + 1) * 4), dst(S * 4);
-  upload(dt, ids);
-  upload(dl, std::vector<std::int32_t>(S, L));
-  upload(dind, ind);
-  upload(dst, std::vector<std::int32_t>(S, 0));
-  CUDA_REQUIRE(cudaMemset(dq.p, 0x3c, qn * 2));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  for (const int KVH : {8, 32}) {
+  // Causal, 32 query heads of 128 over 8 (GQA) or 32 KV heads, block 16: 4 sequences x 4096 tokens, and one
+  // prompt of 2048 over 8 KV heads (a Llama-3-8B layer of the time-to-first-token run). FLOPs counted as
+  // 4·b·h·d·(causal pairs). Constant inputs make the softmax uniform, so every output value is exactly V's
+  // (p = 1 is exact in bf16 and n·v is exact in f32): a cheap check that every row was written.
+  struct Shape {
+    int seqs, len, kv_heads;
+  };
+  for (const Shape sh : {Shape{4, 4096, 8}, Shape{4, 4096, 32}, Shape{1, 2048, 8}}) {
+    const int S = sh.seqs, L = sh.len, KVH = sh.kv_heads;
+    constexpr int H = 32, D = 128, BS = 16;
+    constexpr std::uint16_t kValue = 0x3c3c;
+    const int MB = L / BS;  // the table covers exactly the chunk: no thread block exits early
+    const std::size_t blocks = static_cast<std::size_t>(S) * MB;
+    const std::size_t qn = static_cast<std::size_t>(S) * L * H * D;
+    std::mt19937 rng(7);
+    std::vector<std::int32_t> ids(blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<std::int32_t> ind(static_cast<std::size_t>(S) + 1);
+    for (int s = 0; s <= S; ++s) ind[static_cast<std::size_t>(s)] = s * L;
+    test::DeviceMem dt(blocks * 4), dl(static_cast<std::size_t>(S) * 4), dq(qn * 2), dout(qn * 2),
+        dind((static_cast<std::size_t>(S) + 1) * 4), dst(static_cast<std::size_t>(S) * 4);
+    upload(dt, ids);
+    upload(dl, std::vector<std::int32_t>(static_cast<std::size_t>(S), L));
+    upload(dind, ind);
+    upload(dst, std::vector<std::int32_t>(static_cast<std::size_t>(S), 0));
+    CUDA_REQUIRE(cudaMemset(dq.p, 0x3c, qn * 2));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const std::size_t kv_elems = blocks * BS * KVH * D;
     test::DeviceMem dk(kv_elems * 2), dv(kv_elems * 2);
     CUDA_REQUIRE(cudaMemset(dk.p, 0x3c, kv_elems * 2));
@@ -631,7 +638,9 @@ TEST_CASE("CUDA paged prefill attention throughput", "[cuda][attention][.bench]"
     const kc::PagedKvBatch batch{dk.as<const std::uint16_t>(), dv.as<const std::uint16_t>(),
                                  dt.as<const std::int32_t>(), dl.as<const std::int32_t>(), S, MB, BS, KVH, D};
     for (const kc::PrefillPath path : {kc::PrefillPath::cuda_cores, kc::PrefillPath::tensor_cores_q64,
-                                       kc::PrefillPath::tensor_cores_q128, kc::PrefillPath::automatic}) {
+                                       kc::PrefillPath::tensor_cores_q128, kc::PrefillPath::tensor_cores_wgmma,
+                                       kc::PrefillPath::automatic}) {
+      if (path == kc::PrefillPath::cuda_cores && L < 4096) continue;  // 40+ ms, measured at 4096 already
       INFO("prefill kernel: " << prefill_path_name(path) << ", " << KVH << " KV heads");
       const PrefillPathScope scope(path);
       auto step = [&] {
@@ -645,8 +654,8 @@ TEST_CASE("CUDA paged prefill attention throughput", "[cuda][attention][.bench]"
       CHECK(std::count(got.begin(), got.end(), kValue) == static_cast<std::ptrdiff_t>(qn));
       const double med = median_ms(step, 10);
       const double flops = 4.0 * S * H * D * (static_cast<double>(L) * (L + 1) / 2);
-      std::printf("paged prefill b%d s%d h%d/%d d%d block%d causal, %s: median %.2f ms, %.1f TFLOP/s\n", S, L, H, KVH,
-                  D, BS, prefill_path_name(path), med, flops / (med * 1e-3) / 1e12);
+      std::printf("paged prefill b%d s%d h%d/%d d%d block%d causal, %s: median %.3f ms, %.1f TFLOP/s\n", S, L, H,
+                  KVH, D, BS, prefill_path_name(path), med, flops / (med * 1e-3) / 1e12);
     }
   }
 }

@@ -72,7 +72,9 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
 /// bound, since the lengths stay on the device). out has q's shape. batch.seq_lens is not read (it may
 /// be null): cache rows past q_start[s] + count - 1 are never read, so they need not be written.
 ///
-/// Kernel (see PrefillPath): by default flash-attention-2 on the tensor cores (mma.sync m16n8k16 bf16,
+/// Kernel (see PrefillPath): by default, on Hopper with a bf16 cache, flash-attention on wgmma (both products
+/// on warpgroup MMA, 128 queries a thread block, kernels/cuda/sm90a/); elsewhere flash-attention-2 on the
+/// tensor cores (mma.sync m16n8k16 bf16,
 /// f32 accumulators): a thread block takes 128 (or 64) queries of one (sequence, query head), walks the
 /// K/V tiles of 64 positions up to its causal limit (double-buffered cp.async gathers through the block
 /// table), keeps S = Q·Kᵀ and the online softmax in f32 registers and rounds P to bf16 for O += P·V
@@ -85,12 +87,19 @@ void paged_prefill_attention(const PagedKvBatch& batch, const std::uint16_t* q, 
                              void* stream, std::int64_t q_row_stride = 0);
 
 /// Which kernel paged_prefill_attention runs, process-wide: `automatic` (the default) takes the value of the
-/// environment variable INFER_PREFILL_ATTENTION, read once — `cuda_cores` (or `fallback`), `tc64`, `tc128`;
-/// unset or anything else means tensor cores with 128-query tiles. `cuda_cores` forces the CUDA-core
-/// fallback (to switch off a suspect tensor-core path without losing prefill); `tensor_cores_q64` /
-/// `tensor_cores_q128` force a tensor-core tile height (64 queries suit short chunks). Returns the previous
-/// choice; thread-safe, takes effect at the next call (a captured CUDA graph keeps the kernel it captured).
-enum class PrefillPath : int { automatic = 0, cuda_cores = 1, tensor_cores_q64 = 2, tensor_cores_q128 = 3 };
+/// environment variable INFER_PREFILL_ATTENTION, read once — `cuda_cores` (or `fallback`), `tc64`, `tc128`,
+/// `wgmma`; unset or anything else means `wgmma`. `cuda_cores` forces the CUDA-core fallback (to switch off a
+/// suspect tensor-core path without losing prefill); `tensor_cores_q64` / `tensor_cores_q128` force the
+/// mma.sync kernel and its tile height (64 queries suit short chunks); `tensor_cores_wgmma` the wgmma kernel
+/// where it runs (compute capability 9.0, bf16 cache; elsewhere it means `tensor_cores_q128`). Returns the
+/// previous choice; thread-safe, takes effect at the next call (a captured CUDA graph keeps its kernel).
+enum class PrefillPath : int {
+  automatic = 0,
+  cuda_cores = 1,
+  tensor_cores_q64 = 2,
+  tensor_cores_q128 = 3,
+  tensor_cores_wgmma = 4
+};
 PrefillPath set_paged_prefill_path(PrefillPath path);
 
 }  // namespace infer::kernels::cuda

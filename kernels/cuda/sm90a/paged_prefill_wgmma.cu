@@ -1,0 +1,298 @@
+// The paged prefill attention on Hopper's warpgroup MMA (wgmma, sm_90a): flash-attention with both products
+// on wgmma, for a bf16 cache and head_dim 64 or 128. Compiled for sm_90a alone (kernels/CMakeLists.txt).
+//
+// Why: at 2,048 tokens the mma.sync kernel (paged_prefill_attention.cu) runs at ~245 TFLOP/s on an H200,
+// 4.5 ms of a 47 ms time to first token, a quarter of the bf16 peak; mma.sync cannot issue Hopper's tensor
+// cores at their full rate, wgmma can.
+//
+// Shape: a thread block of two warpgroups takes BQ = 128 queries of one (sequence, query head); warpgroup w
+// owns rows 64w..64w+63. K/V are walked in tiles of BK = 64 positions up to the tile's last visible position,
+// gathered through the block table by cp.async (16 bytes a row chunk, zero fill past the last position) into
+// a double buffer, in the 128-byte-swizzled panels wgmma reads (wgmma_bf16.cuh). Per K/V tile and warpgroup:
+//   S (64 x 64, f32 registers) = Q·Kᵀ         wgmma m64n64k16, Q and K from shared memory (K-major);
+//   online softmax on S in the registers (f32, log2 domain; the quad that shares a row reduces its max);
+//   O (64 x D, f32 registers) += P·V         wgmma m64nDk16, P rounded to bf16 in registers (the A layout
+//                                            is S's C layout), V from shared memory (MN-major, transposed).
+// Only tiles that cross the diagonal are masked; a warpgroup skips a tile none of its rows can see. The
+// numerics are the mma.sync kernel's: the same f32 scores and sums, P rounded to bf16 once.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "../mma_bf16.cuh"
+#include "../paged_prefill.cuh"
+#include "../wgmma_bf16.cuh"
+
+namespace infer::kernels::cuda::detail {
+namespace {
+
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kMaxGridZ = 4096;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+template <int D>
+struct WgTile {
+  static_assert(D == 64 || D == 128, "the wgmma prefill kernel is built for head_dim 64 and 128");
+  static constexpr int kBQ = 128;                      ///< queries per thread block
+  static constexpr int kBK = 64;                       ///< K/V positions per tile
+  static constexpr int kPanels = D / 64;               ///< 128-byte panels of a row
+  static constexpr int kChunks = D / 8;                ///< 16-byte chunks of a row
+  static constexpr int kQPanel = kBQ * 128;            ///< bytes of one panel of Q
+  static constexpr int kKvPanel = kBK * 128;           ///< bytes of one panel of a K or V tile
+  static constexpr int kQBytes = kPanels * kQPanel;
+  static constexpr int kKvBytes = kPanels * kKvPanel;  ///< one K (or V) tile
+  static constexpr int kSmemBytes = kQBytes + 2 * 2 * kKvBytes + 1024;  ///< Q, K and V double buffers, alignment
+  static_assert((kBK * kChunks) % kThreads == 0 && kThreads % kChunks == 0, "K/V tile copy mapping");
+};
+
+/// Byte offset of 16-byte chunk `c` of row `r` in a swizzled tile of `rows` rows (panels of 64 values).
+template <int kRows>
+__device__ __forceinline__ std::uint32_t sw_off(int r, int c) {
+  return static_cast<std::uint32_t>((c >> 3) * kRows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/// kBlocks: thread blocks an SM holds (2 caps the registers at 128 a thread: D = 128 spills 20 bytes).
+template <int D, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kBlocks) paged_prefill_wgmma_kernel(const PrefillParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = WgTile<D>;
+  constexpr int BQ = T::kBQ;
+  constexpr int BK = T::kBK;
+  constexpr int NC = T::kChunks;
+  constexpr int NT = BK / 8;  // n8 tiles of S
+  constexpr int DT = D / 8;   // n8 tiles of O
+  constexpr int KS = D / 16;  // k16 steps of Q·Kᵀ
+
+  extern __shared__ unsigned char smem_raw[];
+  const std::uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;  // panels on the swizzle period
+  const std::uint32_t sk = sq + T::kQBytes;
+  const std::uint32_t sv = sk + 2 * T::kKvBytes;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wg = warp >> 2;  // warpgroup: query rows 64wg..64wg+63
+  const int g = lane >> 2;
+  const int tq = lane & 3;
+  const int r0 = wg * 64 + (warp & 3) * 16 + g;  // this thread's rows of the tile: r0 and r0 + 8
+  const int h = static_cast<int>(blockIdx.x);
+  const int seq = static_cast<int>(blockIdx.y);
+  const int slots = static_cast<int>(gridDim.z);
+  const int kvh = h / p.group;
+  const int q_begin = p.q_indptr[seq];
+  const int count = p.q_indptr[seq + 1] - q_begin;
+  const int start = p.q_start[seq];
+  const int cap = p.max_blocks << p.block_shift;
+  const int block_mask = (1 << p.block_shift) - 1;
+  const std::int32_t* table = p.tables + static_cast<std::size_t>(seq) * p.max_blocks;
+
+  // Query tiles last to first: the longest causal rows start first and the short ones fill the tail.
+  for (int tile = slots - 1 - static_cast<int>(blockIdx.z); tile * BQ < count; tile += slots) {
+    const int q0 = tile * BQ;
+    const int nq = min(BQ, count - q0);
+    const int last = min(start + q0 + nq - 1, cap - 1);  // the tile's last visible position
+    const int diag = min(start + q0, last);              // positions <= diag are visible to every row
+    const int n_tiles = last < 0 ? 0 : last / BK + 1;
+    const int wg_last = min(start + q0 + wg * 64 + 63, last);  // the warpgroup's last visible position
+    __syncthreads();  // the previous query tile's readers of sQ / sK / sV are done
+
+    for (int i = tid; i < BQ * NC; i += kThreads) {  // Q rows (rows past the chunk zero-filled)
+      const int r = i / NC, c = i % NC;
+      const bool ok = r < nq;
+      const std::uint16_t* src =
+          ok ? p.q + static_cast<std::size_t>(q_begin + q0 + r) * p.q_stride + static_cast<std::size_t>(h) * D + c * 8 : p.q;
+      cp_async_16(sq + sw_off<BQ>(r, c), src, ok);
+    }
+    cp_async_commit();
+
+    // K/V tile t -> stage st: each thread copies one chunk column of BK · NC / kThreads rows; positions past
+    // `last` are zero-filled from the address of position `last` (nothing is read).
+    const auto load_kv = [&](int t, int st) {
+      const int c = tid % NC;
+#pragma unroll
+      for (int i = 0; i < BK * NC / kThreads; ++i) {
+        const int r = tid / NC + i * (kThreads / NC);
+        const int kp = t * BK + r;
+        const bool ok = kp <= last;
+        const int kc = min(kp, last);
+        const auto blk = static_cast<std::size_t>(__ldg(table + (kc >> p.block_shift)));
+        const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kc & block_mask);
+        const std::size_t off = (row * static_cast<std::size_t>(p.kv_heads) + static_cast<std::size_t>(kvh)) * D + c * 8;
+        const std::uint32_t so = static_cast<std::uint32_t>(st * T::kKvBytes) + sw_off<BK>(r, c);
+        cp_async_16(sk + so, static_cast<const std::uint16_t*>(p.k) + off, ok);
+        cp_async_16(sv + so, static_cast<const std::uint16_t*>(p.v) + off, ok);
+      }
+    };
+    if (n_tiles > 0) load_kv(0, 0);
+    cp_async_commit();
+
+    float o[DT * 4];
+#pragma unroll
+    for (int i = 0; i < DT * 4; ++i) o[i] = 0.0f;
+    float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};  // rows r0, r0 + 8: running max (log2), partial sum
+
+    for (int t = 0; t < n_tiles; ++t) {
+      const int st = t & 1;
+      cp_async_wait<0>();  // this thread's copies of tile t (and of Q)
+      wgmma::fence_proxy_async();
+      __syncthreads();  // tile t visible to all; every warpgroup done with tile t - 1's stage
+      if (t + 1 < n_tiles) load_kv(t + 1, st ^ 1);
+      cp_async_commit();
+
+      const int kv0 = t * BK;
+      if (kv0 <= wg_last) {  // warpgroup-uniform
+        float s[NT * 4];
+#pragma unroll
+        for (int i = 0; i < NT * 4; ++i) s[i] = 0.0f;
+        const std::uint32_t qa = sq + static_cast<std::uint32_t>(wg * 64 * 128);
+        const std::uint32_t kb = sk + static_cast<std::uint32_t>(st * T::kKvBytes);
+        const std::uint32_t vb = sv + static_cast<std::uint32_t>(st * T::kKvBytes);
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+          const std::uint32_t panel = static_cast<std::uint32_t>(kk >> 2), within = static_cast<std::uint32_t>((kk & 3) * 32);
+          wgmma::mma_m64n64k16_ss(s, wgmma::desc_sw128(qa + panel * T::kQPanel + within, 16, 1024),
+                                  wgmma::desc_sw128(kb + panel * T::kKvPanel + within, 16, 1024));
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+
+        // Scale (f32, log2 domain), then mask where the tile crosses the diagonal: s[4j + e] is row
+        // r0 + 8(e / 2), position kv0 + 8j + 2tq + e % 2; a row sees positions <= min(its position, last).
+#pragma unroll
+        for (int i = 0; i < NT * 4; ++i) s[i] *= p.scale_log2;
+        if (kv0 + BK - 1 > diag) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int lim = min(start + q0 + r0 + ((e >> 1) << 3), last);
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+              if (kv0 + j * 8 + tq * 2 + (e & 1) > lim) s[4 * j + e] = kNegInf;
+          }
+        }
+
+        // Online softmax per row half; P packed to bf16 pairs at once (pk[j][hh]: row half hh of n8 tile j).
+        std::uint32_t pk[NT][2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          float mx = m[hh];
+#pragma unroll
+          for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // A row with nothing visible yet keeps max -inf: exponentiate against 0 (no -inf - -inf NaN).
+          const float mu = mx == kNegInf ? 0.0f : mx;
+          const float corr = fast_exp2(m[hh] - mu);
+          m[hh] = mx;
+          float sum = 0.0f;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const float p0 = fast_exp2(s[4 * j + 2 * hh] - mu);
+            const float p1 = fast_exp2(s[4 * j + 2 * hh + 1] - mu);
+            sum += p0 + p1;
+            pk[j][hh] = pack_bf16x2(p0, p1);
+          }
+          l[hh] = fmaf(l[hh], corr, sum);
+#pragma unroll
+          for (int j = 0; j < DT; ++j) {
+            o[4 * j + 2 * hh] *= corr;
+            o[4 * j + 2 * hh + 1] *= corr;
+          }
+        }
+
+        // O += P·V, k16 step kk = positions 16kk..16kk+15: A from S's tiles 2kk, 2kk + 1; B = V rows 16kk.. .
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          const std::uint32_t a[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+          const std::uint64_t dv = wgmma::desc_sw128(vb + static_cast<std::uint32_t>(kk * 16 * 128), T::kKvPanel, 1024);
+          if constexpr (D == 128) wgmma::mma_m64n128k16_rs_tb(o, a, dv);
+          else wgmma::mma_m64n64k16_rs_tb(o, a, dv);
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+      }
+    }
+    cp_async_wait<0>();  // with no K/V tile at all, the Q copy may still be in flight
+
+    // O / l -> out, rows r0 and r0 + 8 (rows past the chunk not at all).
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float sum = l[hh];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.0f ? 1.0f / sum * p.v_scale : 0.0f;
+      const int r = r0 + hh * 8;
+      if (r < nq) {
+        std::uint16_t* dst = p.out + (static_cast<std::size_t>(q_begin + q0 + r) * p.num_heads + h) * D + tq * 2;
+#pragma unroll
+        for (int j = 0; j < DT; ++j)
+          *reinterpret_cast<std::uint32_t*>(dst + j * 8) = pack_bf16x2(o[4 * j + 2 * hh] * inv, o[4 * j + 2 * hh + 1] * inv);
+      }
+    }
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for another architecture: launch_prefill_wgmma never launches it there
+#endif
+}
+
+template <int D, int kBlocks>
+cudaError_t launch(const PrefillParams& p, int num_seqs, std::int64_t cap, cudaStream_t stream) {
+  using T = WgTile<D>;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> prepared[kMaxDevices] = {};
+  const auto kernel = paged_prefill_wgmma_kernel<D, kBlocks>;
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (dev < 0 || dev >= kMaxDevices || !prepared[dev].load(std::memory_order_acquire)) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+        e != cudaSuccess)
+      return e;
+    if (dev >= 0 && dev < kMaxDevices) prepared[dev].store(true, std::memory_order_release);
+  }
+  std::int64_t tiles = (cap + T::kBQ - 1) / T::kBQ;
+  if (tiles > kMaxGridZ) tiles = kMaxGridZ;
+  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs), static_cast<unsigned>(tiles));
+  kernel<<<grid, kThreads, T::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+/// INFER_PREFILL_WGMMA_BLOCKS (1 or 2; read once): thread blocks per SM the kernel is built for.
+int blocks_per_sm() {
+  static const int n = [] {
+    const char* v = std::getenv("INFER_PREFILL_WGMMA_BLOCKS");
+    return v != nullptr && std::strcmp(v, "2") == 0 ? 2 : 1;
+  }();
+  return n;
+}
+
+}  // namespace
+
+bool prefill_wgmma_runs_here() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices] = {};  // 0: not asked yet, 1: runs, 2: does not
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev >= 0 && dev < kMaxDevices) {
+    if (const int k = known[dev].load(std::memory_order_relaxed); k != 0) return k == 1;
+  }
+  int major = 0, minor = 0;
+  const bool runs = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                    major == 9 && minor == 0;
+  if (dev >= 0 && dev < kMaxDevices) known[dev].store(runs ? 1 : 2, std::memory_order_relaxed);
+  return runs;
+}
+
+cudaError_t launch_prefill_wgmma(const PrefillParams& p, int head_dim, int num_seqs, std::int64_t cap,
+                                 cudaStream_t stream) {
+  if (blocks_per_sm() == 2)
+    return head_dim == 64 ? launch<64, 2>(p, num_seqs, cap, stream) : launch<128, 2>(p, num_seqs, cap, stream);
+  return head_dim == 64 ? launch<64, 1>(p, num_seqs, cap, stream) : launch<128, 1>(p, num_seqs, cap, stream);
+}
+
+}  // namespace infer::kernels::cuda::detail
