@@ -266,6 +266,27 @@ case "${1:-}" in
       done
     done
     ;;
+  prefill-ab)  # issue 16's TTFT: the prefill attention on wgmma (the default on Hopper) against the mma.sync kernel
+    # (INFER_PREFILL_ATTENTION=tc128): the [attention] tests, the kernel bench (4 x 4096 and the 2,048-token
+    # Llama-3-8B layer) at 1 and 2 thread blocks an SM (INFER_PREFILL_WGMMA_BLOCKS), then the time to first token of
+    # a 2,048-token prompt (Llama-3-8B dummy, bf16, static engine), alternating, two runs each
+    run "$build"/tests/test_cuda --durations yes "[attention]~[.bench]" >"$out/attention-tests.log" 2>&1
+    echo "attention tests: $(tail -n 2 "$out/attention-tests.log" | tr '\n' ' ')"
+    for n in 1 2; do
+      INFER_PREFILL_WGMMA_BLOCKS=$n run "$build"/tests/test_cuda "CUDA paged prefill attention throughput" 2>&1 |
+        grep -E 'paged prefill|FAILED' | sed "s/^/blocks $n: /" | tee -a "$out/bench-prefill-attention.txt"
+    done
+    for r in 1 2; do
+      for a in tc128 wgmma; do
+        INFER_PREFILL_ATTENTION=$a run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --engine static \
+          --max-batch 1 --max-input 2048 --max-output 4 --batch-size 1 --input-len 2048 --output-len 4 --num-iters 5 \
+          --output-json "$out/latency-llama3-8b-b1-2048-ttft-static-$a-r$r.json" >/dev/null
+        python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['results']; \
+print(sys.argv[2], 'TTFT', round(r['ttft_ms'], 2), 'ms, device', round(r['ttft_device_ms'], 2))" \
+          "$out/latency-llama3-8b-b1-2048-ttft-static-$a-r$r.json" "$a r$r"
+      done
+    done
+    ;;
   early-x-ab)  # the one-row GEMVs' first loads before their chained wait or after (INFER_WHOLE_X_EARLY), against
     # the kernels without them, bf16 and FP8, static engine, batch 1 (512 + 128)
     for q in bf16 fp8; do

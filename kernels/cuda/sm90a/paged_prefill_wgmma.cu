@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks) paged_prefill_wgmma_kernel(
     const int last = min(start + q0 + nq - 1, cap - 1);  // the tile's last visible position
     const int diag = min(start + q0, last);              // positions <= diag are visible to every row
     const int n_tiles = last < 0 ? 0 : last / BK + 1;
-    const int wg_last = min(start + q0 + wg * 64 + 63, last);  // the warpgroup's last visible position
+    // The warpgroup's last visible position; -1 (nothing to do) where all its rows lie past the chunk.
+    const int wg_last = wg * 64 < nq ? min(start + q0 + wg * 64 + 63, last) : -1;
     __syncthreads();  // the previous query tile's readers of sQ / sK / sV are done
 
     for (int i = tid; i < BQ * NC; i += kThreads) {  // Q rows (rows past the chunk zero-filled)
