@@ -40,6 +40,21 @@ template <int N>
 __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+/// Ties registers a wgmma in flight reads or writes to this point of the program. The compiler sees a wgmma's
+/// accumulators as written, and its A registers as read, when the instruction issues, while the tensor cores
+/// use them until wait() returns: without this after the wait, it could move a read of the results (or a reuse
+/// of the A registers) before it.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_operands(std::uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
 /// Makes this thread's generic-proxy writes to shared memory (stores, cp.async) visible to the async proxy
 /// that wgmma reads through; then a barrier, then the wgmma.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

@@ -34,9 +34,17 @@ constexpr int kThreads = 256;  // two warpgroups
 constexpr int kMaxGridZ = 4096;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-template <int D>
+/// The variants (INFER_PREFILL_WGMMA, read once): `plain` issues a tile's two products one after the other
+/// (S, wait, softmax, P·V, wait) at one or two thread blocks an SM; `pipelined` (the default) overlaps the
+/// softmax of tile j with the P·V product of tile j - 1 (flash-attention 3's intra-warpgroup overlap), K/V in
+/// three stages, so that the tensor cores have work while the warpgroup computes exponentials.
+enum class Variant { plain, plain2, pipelined };
+
+template <int D, Variant V>
 struct WgTile {
   static_assert(D == 64 || D == 128, "the wgmma prefill kernel is built for head_dim 64 and 128");
+  static constexpr int kBlocks = V == Variant::plain2 ? 2 : 1;     ///< thread blocks an SM holds
+  static constexpr int kStages = V == Variant::pipelined ? 3 : 2;  ///< K/V tiles resident at once
   static constexpr int kBQ = 128;                      ///< queries per thread block
   static constexpr int kBK = 64;                       ///< K/V positions per tile
   static constexpr int kPanels = D / 64;               ///< 128-byte panels of a row
@@ -45,7 +53,7 @@ struct WgTile {
   static constexpr int kKvPanel = kBK * 128;           ///< bytes of one panel of a K or V tile
   static constexpr int kQBytes = kPanels * kQPanel;
   static constexpr int kKvBytes = kPanels * kKvPanel;  ///< one K (or V) tile
-  static constexpr int kSmemBytes = kQBytes + 2 * 2 * kKvBytes + 1024;  ///< Q, K and V double buffers, alignment
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKvBytes + 1024;  ///< Q, K and V stages, alignment
   static_assert((kBK * kChunks) % kThreads == 0 && kThreads % kChunks == 0, "K/V tile copy mapping");
 };
 
@@ -55,22 +63,22 @@ __device__ __forceinline__ std::uint32_t sw_off(int r, int c) {
   return static_cast<std::uint32_t>((c >> 3) * kRows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-/// kBlocks: thread blocks an SM holds (2 caps the registers at 128 a thread: D = 128 spills 20 bytes).
-template <int D, int kBlocks>
-__global__ void __launch_bounds__(kThreads, kBlocks) paged_prefill_wgmma_kernel(const PrefillParams p) {
+template <int D, Variant V>
+__global__ void __launch_bounds__(kThreads, WgTile<D, V>::kBlocks) paged_prefill_wgmma_kernel(const PrefillParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = WgTile<D>;
+  using T = WgTile<D, V>;
   constexpr int BQ = T::kBQ;
   constexpr int BK = T::kBK;
   constexpr int NC = T::kChunks;
   constexpr int NT = BK / 8;  // n8 tiles of S
   constexpr int DT = D / 8;   // n8 tiles of O
   constexpr int KS = D / 16;  // k16 steps of Q·Kᵀ
+  constexpr int STAGES = T::kStages;
 
   extern __shared__ unsigned char smem_raw[];
   const std::uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;  // panels on the swizzle period
   const std::uint32_t sk = sq + T::kQBytes;
-  const std::uint32_t sv = sk + 2 * T::kKvBytes;
+  const std::uint32_t sv = sk + STAGES * T::kKvBytes;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
@@ -97,8 +105,10 @@ __global__ void __launch_bounds__(kThreads, kBlocks) paged_prefill_wgmma_kernel(
     const int last = min(start + q0 + nq - 1, cap - 1);  // the tile's last visible position
     const int diag = min(start + q0, last);              // positions <= diag are visible to every row
     const int n_tiles = last < 0 ? 0 : last / BK + 1;
-    // The warpgroup's last visible position; -1 (nothing to do) where all its rows lie past the chunk.
+    // The K/V tiles this warpgroup computes: those starting at or before its last visible position; none where
+    // all its rows lie past the chunk.
     const int wg_last = wg * 64 < nq ? min(start + q0 + wg * 64 + 63, last) : -1;
+    const int n_wg = wg_last < 0 ? 0 : wg_last / BK + 1;
     __syncthreads();  // the previous query tile's readers of sQ / sK / sV are done
 
     for (int i = tid; i < BQ * NC; i += kThreads) {  // Q rows (rows past the chunk zero-filled)
@@ -110,10 +120,11 @@ __global__ void __launch_bounds__(kThreads, kBlocks) paged_prefill_wgmma_kernel(
     }
     cp_async_commit();
 
-    // K/V tile t -> stage st: each thread copies one chunk column of BK · NC / kThreads rows; positions past
+    // K/V tile t -> its stage: each thread copies one chunk column of BK · NC / kThreads rows; positions past
     // `last` are zero-filled from the address of position `last` (nothing is read).
-    const auto load_kv = [&](int t, int st) {
+    const auto load_kv = [&](int t) {
       const int c = tid % NC;
+      const auto st = static_cast<std::uint32_t>(t % STAGES);
 #pragma unroll
       for (int i = 0; i < BK * NC / kThreads; ++i) {
         const int r = tid / NC + i * (kThreads / NC);
@@ -123,12 +134,12 @@ __global__ void __launch_bounds__(kThreads, kBlocks) paged_prefill_wgmma_kernel(
         const auto blk = static_cast<std::size_t>(__ldg(table + (kc >> p.block_shift)));
         const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kc & block_mask);
         const std::size_t off = (row * static_cast<std::size_t>(p.kv_heads) + static_cast<std::size_t>(kvh)) * D + c * 8;
-        const std::uint32_t so = static_cast<std::uint32_t>(st * T::kKvBytes) + sw_off<BK>(r, c);
+        const std::uint32_t so = st * T::kKvBytes + sw_off<BK>(r, c);
         cp_async_16(sk + so, static_cast<const std::uint16_t*>(p.k) + off, ok);
         cp_async_16(sv + so, static_cast<const std::uint16_t*>(p.v) + off, ok);
       }
     };
-    if (n_tiles > 0) load_kv(0, 0);
+    if (n_tiles > 0) load_kv(0);
     cp_async_commit();
 
     float o[DT * 4];
@@ -136,86 +147,151 @@ __global__ void __launch_bounds__(kThreads, kBlocks) paged_prefill_wgmma_kernel(
     for (int i = 0; i < DT * 4; ++i) o[i] = 0.0f;
     float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};  // rows r0, r0 + 8: running max (log2), partial sum
 
-    for (int t = 0; t < n_tiles; ++t) {
-      const int st = t & 1;
-      cp_async_wait<0>();  // this thread's copies of tile t (and of Q)
-      wgmma::fence_proxy_async();
-      __syncthreads();  // tile t visible to all; every warpgroup done with tile t - 1's stage
-      if (t + 1 < n_tiles) load_kv(t + 1, st ^ 1);
-      cp_async_commit();
-
+    // S (zeroed here) = Q·K_tᵀ, issued (the caller fences before and commits after).
+    const auto issue_scores = [&](int t, float (&s)[NT * 4]) {
+      const std::uint32_t qa = sq + static_cast<std::uint32_t>(wg * 64 * 128);
+      const std::uint32_t kb = sk + static_cast<std::uint32_t>((t % STAGES) * T::kKvBytes);
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        const auto panel = static_cast<std::uint32_t>(kk >> 2), within = static_cast<std::uint32_t>((kk & 3) * 32);
+        wgmma::mma_m64n64k16_ss(s, wgmma::desc_sw128(qa + panel * T::kQPanel + within, 16, 1024),
+                                wgmma::desc_sw128(kb + panel * T::kKvPanel + within, 16, 1024));
+      }
+    };
+    // O += P·V_t, issued: k16 step kk = positions 16kk..16kk+15, A from S's n8 tiles 2kk and 2kk + 1.
+    const auto issue_pv = [&](int t, const std::uint32_t (&pk)[NT][2]) {
+      const std::uint32_t vb = sv + static_cast<std::uint32_t>((t % STAGES) * T::kKvBytes);
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        const std::uint32_t a[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+        const std::uint64_t dv = wgmma::desc_sw128(vb + static_cast<std::uint32_t>(kk * 16 * 128), T::kKvPanel, 1024);
+        if constexpr (D == 128) wgmma::mma_m64n128k16_rs_tb(o, a, dv);
+        else wgmma::mma_m64n64k16_rs_tb(o, a, dv);
+      }
+    };
+    // The online softmax of tile t's scores: scale (f32, log2 domain), mask where the tile crosses the diagonal
+    // (s[4j + e] is row r0 + 8(e / 2), position kv0 + 8j + 2tq + e % 2; a row sees positions <= min(its
+    // position, last)), new row maxima (over the quad that shares a row), P packed to bf16 pairs (pk[j][hh]: row
+    // half hh of n8 tile j), l updated. Returns O's correction per row half in corr; O itself is not touched.
+    const auto softmax = [&](int t, float (&s)[NT * 4], std::uint32_t (&pk)[NT][2], float (&corr)[2]) {
       const int kv0 = t * BK;
-      if (kv0 <= wg_last) {  // warpgroup-uniform
-        float s[NT * 4];
 #pragma unroll
-        for (int i = 0; i < NT * 4; ++i) s[i] = 0.0f;
-        const std::uint32_t qa = sq + static_cast<std::uint32_t>(wg * 64 * 128);
-        const std::uint32_t kb = sk + static_cast<std::uint32_t>(st * T::kKvBytes);
-        const std::uint32_t vb = sv + static_cast<std::uint32_t>(st * T::kKvBytes);
-        wgmma::fence();
+      for (int i = 0; i < NT * 4; ++i) s[i] *= p.scale_log2;
+      if (kv0 + BK - 1 > diag) {
 #pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
-          const std::uint32_t panel = static_cast<std::uint32_t>(kk >> 2), within = static_cast<std::uint32_t>((kk & 3) * 32);
-          wgmma::mma_m64n64k16_ss(s, wgmma::desc_sw128(qa + panel * T::kQPanel + within, 16, 1024),
-                                  wgmma::desc_sw128(kb + panel * T::kKvPanel + within, 16, 1024));
+        for (int e = 0; e < 4; ++e) {
+          const int lim = min(start + q0 + r0 + ((e >> 1) << 3), last);
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+            if (kv0 + j * 8 + tq * 2 + (e & 1) > lim) s[4 * j + e] = kNegInf;
         }
-        wgmma::commit();
-        wgmma::wait<0>();
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = m[hh];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // A row with nothing visible yet keeps max -inf: exponentiate against 0 (no -inf - -inf NaN).
+        const float mu = mx == kNegInf ? 0.0f : mx;
+        corr[hh] = fast_exp2(m[hh] - mu);
+        m[hh] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const float p0 = fast_exp2(s[4 * j + 2 * hh] - mu);
+          const float p1 = fast_exp2(s[4 * j + 2 * hh + 1] - mu);
+          sum += p0 + p1;
+          pk[j][hh] = pack_bf16x2(p0, p1);
+        }
+        l[hh] = fmaf(l[hh], corr[hh], sum);
+      }
+    };
+    const auto rescale = [&](const float (&corr)[2]) {
+#pragma unroll
+      for (int j = 0; j < DT; ++j) {
+        o[4 * j + 0] *= corr[0];
+        o[4 * j + 1] *= corr[0];
+        o[4 * j + 2] *= corr[1];
+        o[4 * j + 3] *= corr[1];
+      }
+    };
 
-        // Scale (f32, log2 domain), then mask where the tile crosses the diagonal: s[4j + e] is row
-        // r0 + 8(e / 2), position kv0 + 8j + 2tq + e % 2; a row sees positions <= min(its position, last).
+    if constexpr (V != Variant::pipelined) {
+      // One barrier per K/V tile: after it, tile t is visible to all and every warpgroup is done with tile t - 1,
+      // whose stage then takes tile t + 1 while tile t is used.
+      for (int t = 0; t < n_tiles; ++t) {
+        cp_async_wait<0>();  // this thread's copies of tile t (and of Q)
+        wgmma::fence_proxy_async();
+        __syncthreads();
+        if (t + 1 < n_tiles) load_kv(t + 1);
+        cp_async_commit();
+        if (t < n_wg) {  // warpgroup-uniform
+          float s[NT * 4];
 #pragma unroll
-        for (int i = 0; i < NT * 4; ++i) s[i] *= p.scale_log2;
-        if (kv0 + BK - 1 > diag) {
+          for (int i = 0; i < NT * 4; ++i) s[i] = 0.0f;
+          wgmma::fence();
+          issue_scores(t, s);
+          wgmma::commit();
+          wgmma::wait<0>();
+          wgmma::fence_operands(s);
+          std::uint32_t pk[NT][2];
+          float corr[2];
+          softmax(t, s, pk, corr);
+          rescale(corr);
+          wgmma::fence();
+          issue_pv(t, pk);
+          wgmma::commit();
+          wgmma::wait<0>();
+          wgmma::fence_operands(o);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int lim = min(start + q0 + r0 + ((e >> 1) << 3), last);
+          for (int j = 0; j < NT; ++j) wgmma::fence_operands(pk[j]);
+        }
+      }
+    } else {
+      // Step j issues S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} together, then computes the softmax of S_j while the
+      // second product runs, and rescales O once it is done. Three stages: at step j, tile j - 1 (its V), tile j
+      // (its K) and tile j + 1 (in flight, into the stage tile j - 2 left, whose P·V step j - 1 waited for).
+      std::uint32_t p_cur[NT][2] = {};
+      for (int j = 0; j <= n_tiles; ++j) {
+        if (j < n_tiles) {
+          cp_async_wait<0>();  // this thread's copies of tile j (and of Q)
+          wgmma::fence_proxy_async();
+        }
+        __syncthreads();
+        if (j + 1 < n_tiles) load_kv(j + 1);
+        cp_async_commit();
+        const bool has_s = j < n_wg, has_pv = j >= 1 && j <= n_wg;  // warpgroup-uniform
+        if (has_s || has_pv) {
+          float s[NT * 4];
 #pragma unroll
-            for (int j = 0; j < NT; ++j)
-              if (kv0 + j * 8 + tq * 2 + (e & 1) > lim) s[4 * j + e] = kNegInf;
+          for (int i = 0; i < NT * 4; ++i) s[i] = 0.0f;
+          wgmma::fence();
+          if (has_s) issue_scores(j, s);
+          wgmma::commit();
+          if (has_pv) issue_pv(j - 1, p_cur);
+          wgmma::commit();
+          std::uint32_t p_next[NT][2];
+          float corr[2] = {1.0f, 1.0f};
+          if (has_s) {
+            wgmma::wait<1>();  // S_j (the product of P_{j-1}·V_{j-1} may still run)
+            wgmma::fence_operands(s);
+            softmax(j, s, p_next, corr);
+          }
+          wgmma::wait<0>();
+          wgmma::fence_operands(o);
+#pragma unroll
+          for (int k = 0; k < NT; ++k) wgmma::fence_operands(p_cur[k]);
+          if (has_s) {
+            rescale(corr);
+#pragma unroll
+            for (int k = 0; k < NT; ++k) {
+              p_cur[k][0] = p_next[k][0];
+              p_cur[k][1] = p_next[k][1];
+            }
           }
         }
-
-        // Online softmax per row half; P packed to bf16 pairs at once (pk[j][hh]: row half hh of n8 tile j).
-        std::uint32_t pk[NT][2];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          float mx = m[hh];
-#pragma unroll
-          for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hh], s[4 * j + 2 * hh + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          // A row with nothing visible yet keeps max -inf: exponentiate against 0 (no -inf - -inf NaN).
-          const float mu = mx == kNegInf ? 0.0f : mx;
-          const float corr = fast_exp2(m[hh] - mu);
-          m[hh] = mx;
-          float sum = 0.0f;
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            const float p0 = fast_exp2(s[4 * j + 2 * hh] - mu);
-            const float p1 = fast_exp2(s[4 * j + 2 * hh + 1] - mu);
-            sum += p0 + p1;
-            pk[j][hh] = pack_bf16x2(p0, p1);
-          }
-          l[hh] = fmaf(l[hh], corr, sum);
-#pragma unroll
-          for (int j = 0; j < DT; ++j) {
-            o[4 * j + 2 * hh] *= corr;
-            o[4 * j + 2 * hh + 1] *= corr;
-          }
-        }
-
-        // O += P·V, k16 step kk = positions 16kk..16kk+15: A from S's tiles 2kk, 2kk + 1; B = V rows 16kk.. .
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-          const std::uint32_t a[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
-          const std::uint64_t dv = wgmma::desc_sw128(vb + static_cast<std::uint32_t>(kk * 16 * 128), T::kKvPanel, 1024);
-          if constexpr (D == 128) wgmma::mma_m64n128k16_rs_tb(o, a, dv);
-          else wgmma::mma_m64n64k16_rs_tb(o, a, dv);
-        }
-        wgmma::commit();
-        wgmma::wait<0>();
       }
     }
     cp_async_wait<0>();  // with no K/V tile at all, the Q copy may still be in flight
@@ -241,12 +317,12 @@ __global__ void __launch_bounds__(kThreads, kBlocks) paged_prefill_wgmma_kernel(
 #endif
 }
 
-template <int D, int kBlocks>
+template <int D, Variant V>
 cudaError_t launch(const PrefillParams& p, int num_seqs, std::int64_t cap, cudaStream_t stream) {
-  using T = WgTile<D>;
+  using T = WgTile<D, V>;
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> prepared[kMaxDevices] = {};
-  const auto kernel = paged_prefill_wgmma_kernel<D, kBlocks>;
+  const auto kernel = paged_prefill_wgmma_kernel<D, V>;
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   if (dev < 0 || dev >= kMaxDevices || !prepared[dev].load(std::memory_order_acquire)) {
@@ -262,13 +338,24 @@ cudaError_t launch(const PrefillParams& p, int num_seqs, std::int64_t cap, cudaS
   return cudaGetLastError();
 }
 
-/// INFER_PREFILL_WGMMA_BLOCKS (1 or 2; read once): thread blocks per SM the kernel is built for.
-int blocks_per_sm() {
-  static const int n = [] {
-    const char* v = std::getenv("INFER_PREFILL_WGMMA_BLOCKS");
-    return v != nullptr && std::strcmp(v, "2") == 0 ? 2 : 1;
+/// INFER_PREFILL_WGMMA (`plain`, `plain2`, `pipelined`; read once; anything else: pipelined).
+Variant variant() {
+  static const Variant v = [] {
+    const char* e = std::getenv("INFER_PREFILL_WGMMA");
+    if (e != nullptr && std::strcmp(e, "plain") == 0) return Variant::plain;
+    if (e != nullptr && std::strcmp(e, "plain2") == 0) return Variant::plain2;
+    return Variant::pipelined;
   }();
-  return n;
+  return v;
+}
+
+template <int D>
+cudaError_t launch_variant(const PrefillParams& p, int num_seqs, std::int64_t cap, cudaStream_t stream) {
+  switch (variant()) {
+    case Variant::plain: return launch<D, Variant::plain>(p, num_seqs, cap, stream);
+    case Variant::plain2: return launch<D, Variant::plain2>(p, num_seqs, cap, stream);
+    default: return launch<D, Variant::pipelined>(p, num_seqs, cap, stream);
+  }
 }
 
 }  // namespace
@@ -291,9 +378,7 @@ bool prefill_wgmma_runs_here() {
 
 cudaError_t launch_prefill_wgmma(const PrefillParams& p, int head_dim, int num_seqs, std::int64_t cap,
                                  cudaStream_t stream) {
-  if (blocks_per_sm() == 2)
-    return head_dim == 64 ? launch<64, 2>(p, num_seqs, cap, stream) : launch<128, 2>(p, num_seqs, cap, stream);
-  return head_dim == 64 ? launch<64, 1>(p, num_seqs, cap, stream) : launch<128, 1>(p, num_seqs, cap, stream);
+  return head_dim == 64 ? launch_variant<64>(p, num_seqs, cap, stream) : launch_variant<128>(p, num_seqs, cap, stream);
 }
 
 }  // namespace infer::kernels::cuda::detail
