@@ -267,17 +267,13 @@ case "${1:-}" in
     done
     ;;
   prefill-ab)  # issue 16's TTFT: the prefill attention on wgmma (the default on Hopper) against the mma.sync kernel
-    # (INFER_PREFILL_ATTENTION=tc128): the [attention] tests and the kernel bench (4 x 4096, and the 2,048-token
-    # Llama-3-8B layer) under each wgmma variant (INFER_PREFILL_WGMMA), then the time to first token of a 2,048-token
-    # prompt (Llama-3-8B dummy, bf16, static engine), alternating, two runs each
-    for v in ${PREFILL_VARIANTS:-pipelined plain plain2}; do
-      INFER_PREFILL_WGMMA=$v run "$build"/tests/test_cuda "[attention]~[.bench]" >"$out/attention-tests-$v.log" 2>&1
-      echo "attention tests, $v: $(tail -n 2 "$out/attention-tests-$v.log" | tr '\n' ' ')"
-      INFER_PREFILL_WGMMA=$v "$build"/tests/test_cuda "CUDA paged prefill attention throughput" 2>&1 |
-        grep -E 'paged prefill|FAILED' | grep -E "wgmma|FAILED|${PREFILL_ALL_PATHS:-tiles}" | sed "s/^/$v: /" |
-        tee -a "$out/bench-prefill-attention.txt"
-      PREFILL_ALL_PATHS=NONE
-    done
+    # (INFER_PREFILL_ATTENTION=tc128): the [attention] tests, the kernel bench (4 x 4096, and the 2,048-token
+    # Llama-3-8B layer), then the time to first token of a 2,048-token prompt (Llama-3-8B dummy, bf16, static
+    # engine), alternating, two runs each
+    run "$build"/tests/test_cuda --durations yes "[attention]~[.bench]" >"$out/attention-tests.log" 2>&1
+    echo "attention tests: $(tail -n 2 "$out/attention-tests.log" | tr '\n' ' ')"
+    "$build"/tests/test_cuda "CUDA paged prefill attention throughput" 2>&1 | grep -E 'paged prefill|FAILED' |
+      tee "$out/bench-prefill-attention.txt"
     for r in 1 2; do
       for a in tc128 wgmma; do
         INFER_PREFILL_ATTENTION=$a run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --engine static \

@@ -15,12 +15,17 @@
 //                                            is S's C layout), V from shared memory (MN-major, transposed).
 // Only tiles that cross the diagonal are masked; a warpgroup skips a tile none of its rows can see. The
 // numerics are the mma.sync kernel's: the same f32 scores and sums, P rounded to bf16 once.
+//
+// Two thread blocks an SM (registers capped at 128 a thread; D = 128 spills 20 bytes): the warpgroups of one
+// block run their products and softmax in step (one barrier per tile), so the other block's fill the tensor
+// cores' idle time. Measured on an H100 (2026-12-07, bench/results/gpu-2026-12-07e): 326 TFLOP/s at 2,048
+// tokens (a Llama-3-8B layer) against 289 at one block an SM and 242 for the mma.sync kernel; 406 against 343
+// and 289 at 4 x 4,096. Flash-attention 3's overlap inside a warpgroup (S_j issued with P_{j-1}·V_{j-1}, K/V in
+// three stages, one block an SM) measured 232 and 279: slower, not kept.
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 
 #include "../mma_bf16.cuh"
@@ -34,17 +39,11 @@ constexpr int kThreads = 256;  // two warpgroups
 constexpr int kMaxGridZ = 4096;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-/// The variants (INFER_PREFILL_WGMMA, read once): `plain` issues a tile's two products one after the other
-/// (S, wait, softmax, P·V, wait) at one or two thread blocks an SM; `pipelined` (the default) overlaps the
-/// softmax of tile j with the P·V product of tile j - 1 (flash-attention 3's intra-warpgroup overlap), K/V in
-/// three stages, so that the tensor cores have work while the warpgroup computes exponentials.
-enum class Variant { plain, plain2, pipelined };
-
-template <int D, Variant V>
+template <int D>
 struct WgTile {
   static_assert(D == 64 || D == 128, "the wgmma prefill kernel is built for head_dim 64 and 128");
-  static constexpr int kBlocks = V == Variant::plain2 ? 2 : 1;     ///< thread blocks an SM holds
-  static constexpr int kStages = V == Variant::pipelined ? 3 : 2;  ///< K/V tiles resident at once
+  static constexpr int kBlocks = 2;                    ///< thread blocks an SM holds
+  static constexpr int kStages = 2;                    ///< K/V tiles resident at once (a double buffer)
   static constexpr int kBQ = 128;                      ///< queries per thread block
   static constexpr int kBK = 64;                       ///< K/V positions per tile
   static constexpr int kPanels = D / 64;               ///< 128-byte panels of a row
@@ -63,10 +62,10 @@ __device__ __forceinline__ std::uint32_t sw_off(int r, int c) {
   return static_cast<std::uint32_t>((c >> 3) * kRows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-template <int D, Variant V>
-__global__ void __launch_bounds__(kThreads, WgTile<D, V>::kBlocks) paged_prefill_wgmma_kernel(const PrefillParams p) {
+template <int D>
+__global__ void __launch_bounds__(kThreads, WgTile<D>::kBlocks) paged_prefill_wgmma_kernel(const PrefillParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = WgTile<D, V>;
+  using T = WgTile<D>;
   constexpr int BQ = T::kBQ;
   constexpr int BK = T::kBK;
   constexpr int NC = T::kChunks;
@@ -218,80 +217,34 @@ __global__ void __launch_bounds__(kThreads, WgTile<D, V>::kBlocks) paged_prefill
       }
     };
 
-    if constexpr (V != Variant::pipelined) {
-      // One barrier per K/V tile: after it, tile t is visible to all and every warpgroup is done with tile t - 1,
-      // whose stage then takes tile t + 1 while tile t is used.
-      for (int t = 0; t < n_tiles; ++t) {
-        cp_async_wait<0>();  // this thread's copies of tile t (and of Q)
-        wgmma::fence_proxy_async();
-        __syncthreads();
-        if (t + 1 < n_tiles) load_kv(t + 1);
-        cp_async_commit();
-        if (t < n_wg) {  // warpgroup-uniform
-          float s[NT * 4];
+    // One barrier per K/V tile: after it, tile t is visible to all and every warpgroup is done with tile t - 1,
+    // whose stage then takes tile t + 1 while tile t is used.
+    for (int t = 0; t < n_tiles; ++t) {
+      cp_async_wait<0>();  // this thread's copies of tile t (and of Q)
+      wgmma::fence_proxy_async();
+      __syncthreads();
+      if (t + 1 < n_tiles) load_kv(t + 1);
+      cp_async_commit();
+      if (t < n_wg) {  // warpgroup-uniform
+        float s[NT * 4];
 #pragma unroll
-          for (int i = 0; i < NT * 4; ++i) s[i] = 0.0f;
-          wgmma::fence();
-          issue_scores(t, s);
-          wgmma::commit();
-          wgmma::wait<0>();
-          wgmma::fence_operands(s);
-          std::uint32_t pk[NT][2];
-          float corr[2];
-          softmax(t, s, pk, corr);
-          rescale(corr);
-          wgmma::fence();
-          issue_pv(t, pk);
-          wgmma::commit();
-          wgmma::wait<0>();
-          wgmma::fence_operands(o);
+        for (int i = 0; i < NT * 4; ++i) s[i] = 0.0f;
+        wgmma::fence();
+        issue_scores(t, s);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_operands(s);
+        std::uint32_t pk[NT][2];
+        float corr[2];
+        softmax(t, s, pk, corr);
+        rescale(corr);
+        wgmma::fence();
+        issue_pv(t, pk);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_operands(o);
 #pragma unroll
-          for (int j = 0; j < NT; ++j) wgmma::fence_operands(pk[j]);
-        }
-      }
-    } else {
-      // Step j issues S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} together, then computes the softmax of S_j while the
-      // second product runs, and rescales O once it is done. Three stages: at step j, tile j - 1 (its V), tile j
-      // (its K) and tile j + 1 (in flight, into the stage tile j - 2 left, whose P·V step j - 1 waited for).
-      std::uint32_t p_cur[NT][2] = {};
-      for (int j = 0; j <= n_tiles; ++j) {
-        if (j < n_tiles) {
-          cp_async_wait<0>();  // this thread's copies of tile j (and of Q)
-          wgmma::fence_proxy_async();
-        }
-        __syncthreads();
-        if (j + 1 < n_tiles) load_kv(j + 1);
-        cp_async_commit();
-        const bool has_s = j < n_wg, has_pv = j >= 1 && j <= n_wg;  // warpgroup-uniform
-        if (has_s || has_pv) {
-          float s[NT * 4];
-#pragma unroll
-          for (int i = 0; i < NT * 4; ++i) s[i] = 0.0f;
-          wgmma::fence();
-          if (has_s) issue_scores(j, s);
-          wgmma::commit();
-          if (has_pv) issue_pv(j - 1, p_cur);
-          wgmma::commit();
-          std::uint32_t p_next[NT][2];
-          float corr[2] = {1.0f, 1.0f};
-          if (has_s) {
-            wgmma::wait<1>();  // S_j (the product of P_{j-1}·V_{j-1} may still run)
-            wgmma::fence_operands(s);
-            softmax(j, s, p_next, corr);
-          }
-          wgmma::wait<0>();
-          wgmma::fence_operands(o);
-#pragma unroll
-          for (int k = 0; k < NT; ++k) wgmma::fence_operands(p_cur[k]);
-          if (has_s) {
-            rescale(corr);
-#pragma unroll
-            for (int k = 0; k < NT; ++k) {
-              p_cur[k][0] = p_next[k][0];
-              p_cur[k][1] = p_next[k][1];
-            }
-          }
-        }
+        for (int j = 0; j < NT; ++j) wgmma::fence_operands(pk[j]);
       }
     }
     cp_async_wait<0>();  // with no K/V tile at all, the Q copy may still be in flight
@@ -317,12 +270,12 @@ __global__ void __launch_bounds__(kThreads, WgTile<D, V>::kBlocks) paged_prefill
 #endif
 }
 
-template <int D, Variant V>
+template <int D>
 cudaError_t launch(const PrefillParams& p, int num_seqs, std::int64_t cap, cudaStream_t stream) {
-  using T = WgTile<D, V>;
+  using T = WgTile<D>;
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> prepared[kMaxDevices] = {};
-  const auto kernel = paged_prefill_wgmma_kernel<D, V>;
+  const auto kernel = paged_prefill_wgmma_kernel<D>;
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   if (dev < 0 || dev >= kMaxDevices || !prepared[dev].load(std::memory_order_acquire)) {
@@ -336,26 +289,6 @@ cudaError_t launch(const PrefillParams& p, int num_seqs, std::int64_t cap, cudaS
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs), static_cast<unsigned>(tiles));
   kernel<<<grid, kThreads, T::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
-}
-
-/// INFER_PREFILL_WGMMA (`plain`, `plain2`, `pipelined`; read once; anything else: pipelined).
-Variant variant() {
-  static const Variant v = [] {
-    const char* e = std::getenv("INFER_PREFILL_WGMMA");
-    if (e != nullptr && std::strcmp(e, "plain") == 0) return Variant::plain;
-    if (e != nullptr && std::strcmp(e, "plain2") == 0) return Variant::plain2;
-    return Variant::pipelined;
-  }();
-  return v;
-}
-
-template <int D>
-cudaError_t launch_variant(const PrefillParams& p, int num_seqs, std::int64_t cap, cudaStream_t stream) {
-  switch (variant()) {
-    case Variant::plain: return launch<D, Variant::plain>(p, num_seqs, cap, stream);
-    case Variant::plain2: return launch<D, Variant::plain2>(p, num_seqs, cap, stream);
-    default: return launch<D, Variant::pipelined>(p, num_seqs, cap, stream);
-  }
 }
 
 }  // namespace
@@ -378,7 +311,7 @@ bool prefill_wgmma_runs_here() {
 
 cudaError_t launch_prefill_wgmma(const PrefillParams& p, int head_dim, int num_seqs, std::int64_t cap,
                                  cudaStream_t stream) {
-  return head_dim == 64 ? launch_variant<64>(p, num_seqs, cap, stream) : launch_variant<128>(p, num_seqs, cap, stream);
+  return head_dim == 64 ? launch<64>(p, num_seqs, cap, stream) : launch<128>(p, num_seqs, cap, stream);
 }
 
 }  // namespace infer::kernels::cuda::detail
