@@ -85,18 +85,12 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_cuda_core_kernel(const
   __shared__ float sv[BK][D + 1];
   __shared__ float sp[BQ][BK + 1];
 
-  const int seq = static_cast<int>(blockIdx.z);
   const int h = static_cast<int>(blockIdx.y);
-  const int kvh = h / p.group;
+  const detail::PrefillSeq ps(p, static_cast<int>(blockIdx.z), h);
   const int tid = static_cast<int>(threadIdx.x);
   const int i = tid >> 2;  // query row of the tile
   const int kq = tid & 3;  // this lane's quarter
-  const int q_begin = p.q_indptr[seq];
-  const int count = p.q_indptr[seq + 1] - q_begin;
-  const int start = p.q_start[seq];
-  const int cap = p.max_blocks << p.block_shift;
-  const int block_mask = (1 << p.block_shift) - 1;
-  const std::int32_t* table = p.tables + static_cast<std::size_t>(seq) * p.max_blocks;
+  const int q_begin = ps.q_begin, count = ps.count, start = ps.start, cap = ps.cap;
 
   for (int tile = static_cast<int>(blockIdx.x); tile * BQ < count; tile += static_cast<int>(gridDim.x)) {
     const int q0 = tile * BQ;
@@ -129,9 +123,7 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_cuda_core_kernel(const
         const int kp = k0 + r;
         float kf[8] = {}, vf[8] = {};
         if (kp <= last) {
-          const auto blk = static_cast<std::size_t>(__ldg(table + (kp >> p.block_shift)));
-          const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kp & block_mask);
-          const std::size_t off = (row * p.kv_heads + kvh) * D + c * 8;  // values
+          const std::size_t off = ps.kv_offset(p, kp, D) + c * 8;  // values
           if constexpr (kFp8) {
             unpack8_to(kv_fp8::widen8(__ldg(reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p.k) + off))), kf, 1.0f);
             unpack8_to(kv_fp8::widen8(__ldg(reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p.v) + off))), vf, 1.0f);
@@ -266,22 +258,13 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
   // Heads vary fastest in launch order (a GQA group's heads read the same K/V while it is in L2), and the
   // query tiles come last to first: the longest causal rows start first and the short ones fill the tail.
   const int h = static_cast<int>(blockIdx.x);
-  const int seq = static_cast<int>(blockIdx.y);
   const int slots = static_cast<int>(gridDim.z);
-  const int kvh = h / p.group;
-  const int q_begin = p.q_indptr[seq];
-  const int count = p.q_indptr[seq + 1] - q_begin;
-  const int start = p.q_start[seq];
-  const int cap = p.max_blocks << p.block_shift;
-  const int block_mask = (1 << p.block_shift) - 1;
-  const std::int32_t* table = p.tables + static_cast<std::size_t>(seq) * p.max_blocks;
+  const detail::PrefillSeq ps(p, static_cast<int>(blockIdx.y), h);
+  const int q_begin = ps.q_begin, start = ps.start;
 
-  for (int tile = slots - 1 - static_cast<int>(blockIdx.z); tile * BQ < count; tile += slots) {
-    const int q0 = tile * BQ;
-    const int nq = min(BQ, count - q0);
-    const int last = min(start + q0 + nq - 1, cap - 1);  // the tile's last visible position
-    const int diag = min(start + q0, last);              // positions <= diag are visible to every row
-    const int n_tiles = last < 0 ? 0 : last / BK + 1;
+  for (int tile = slots - 1 - static_cast<int>(blockIdx.z); tile * BQ < ps.count; tile += slots) {
+    const detail::PrefillTile qt(ps, tile, BQ, BK);
+    const int q0 = qt.q0, nq = qt.nq, last = qt.last, diag = qt.diag, n_tiles = qt.n_tiles;
     // The warp's own last visible position: a K/V tile starting past it contributes nothing to its rows.
     const int warp_last = min(start + q0 + wr0 + WM - 1, last);
     __syncthreads();  // the previous query tile's readers of sQ / sK / sV are done
@@ -306,10 +289,7 @@ __global__ void __launch_bounds__(kThreads, 2) paged_prefill_tc_kernel(const Pre
     const auto head_row = [&](int t, int r, bool& ok) {
       const int kp = t * BK + r;
       ok = kp <= last;
-      const int kc = min(kp, last);
-      const auto blk = static_cast<std::size_t>(__ldg(table + (kc >> p.block_shift)));
-      const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kc & block_mask);
-      return (row * static_cast<std::size_t>(p.kv_heads) + static_cast<std::size_t>(kvh)) * D;
+      return ps.kv_offset(p, min(kp, last), D);
     };
     const auto load_kv = [&](int t, int st) {
       constexpr int kRowChunks = kFp8 ? NC8 : NC;  // 16-byte chunks of a row in the cache

@@ -87,23 +87,14 @@ __global__ void __launch_bounds__(kThreads, WgTile<D>::kBlocks) paged_prefill_wg
   const int tq = lane & 3;
   const int r0 = wg * 64 + (warp & 3) * 16 + g;  // this thread's rows of the tile: r0 and r0 + 8
   const int h = static_cast<int>(blockIdx.x);
-  const int seq = static_cast<int>(blockIdx.y);
   const int slots = static_cast<int>(gridDim.z);
-  const int kvh = h / p.group;
-  const int q_begin = p.q_indptr[seq];
-  const int count = p.q_indptr[seq + 1] - q_begin;
-  const int start = p.q_start[seq];
-  const int cap = p.max_blocks << p.block_shift;
-  const int block_mask = (1 << p.block_shift) - 1;
-  const std::int32_t* table = p.tables + static_cast<std::size_t>(seq) * p.max_blocks;
+  const PrefillSeq ps(p, static_cast<int>(blockIdx.y), h);
+  const int q_begin = ps.q_begin, start = ps.start;
 
   // Query tiles last to first: the longest causal rows start first and the short ones fill the tail.
-  for (int tile = slots - 1 - static_cast<int>(blockIdx.z); tile * BQ < count; tile += slots) {
-    const int q0 = tile * BQ;
-    const int nq = min(BQ, count - q0);
-    const int last = min(start + q0 + nq - 1, cap - 1);  // the tile's last visible position
-    const int diag = min(start + q0, last);              // positions <= diag are visible to every row
-    const int n_tiles = last < 0 ? 0 : last / BK + 1;
+  for (int tile = slots - 1 - static_cast<int>(blockIdx.z); tile * BQ < ps.count; tile += slots) {
+    const PrefillTile qt(ps, tile, BQ, BK);
+    const int q0 = qt.q0, nq = qt.nq, last = qt.last, diag = qt.diag, n_tiles = qt.n_tiles;
     // The K/V tiles this warpgroup computes: those starting at or before its last visible position; none where
     // all its rows lie past the chunk.
     const int wg_last = wg * 64 < nq ? min(start + q0 + wg * 64 + 63, last) : -1;
@@ -129,10 +120,7 @@ __global__ void __launch_bounds__(kThreads, WgTile<D>::kBlocks) paged_prefill_wg
         const int r = tid / NC + i * (kThreads / NC);
         const int kp = t * BK + r;
         const bool ok = kp <= last;
-        const int kc = min(kp, last);
-        const auto blk = static_cast<std::size_t>(__ldg(table + (kc >> p.block_shift)));
-        const std::size_t row = (blk << p.block_shift) + static_cast<std::size_t>(kc & block_mask);
-        const std::size_t off = (row * static_cast<std::size_t>(p.kv_heads) + static_cast<std::size_t>(kvh)) * D + c * 8;
+        const std::size_t off = ps.kv_offset(p, min(kp, last), D) + c * 8;
         const std::uint32_t so = st * T::kKvBytes + sw_off<BK>(r, c);
         cp_async_16(sk + so, static_cast<const std::uint16_t*>(p.k) + off, ok);
         cp_async_16(sv + so, static_cast<const std::uint16_t*>(p.v) + off, ok);
