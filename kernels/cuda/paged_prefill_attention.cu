@@ -1,4 +1,6 @@
-// CUDA paged prefill / chunked-prefill attention. Two kernels behind one entry point:
+// CUDA paged prefill / chunked-prefill attention. Three kernels behind one entry point: on compute capability
+// 9.0 with a bf16 cache, the wgmma kernel (sm90a/paged_prefill_wgmma.cu, the default there); elsewhere, and
+// where a PrefillPath asks for them, the two here:
 //
 //  - the tensor-core kernel (default), flash-attention-2 style with mma.sync m16n8k16 bf16 -> f32. A thread
 //    block of 4 warps takes BQ = 64·MT queries of one (sequence, query head); warp w owns rows 16·MT·w ..

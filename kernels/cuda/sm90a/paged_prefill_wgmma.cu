@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, WgTile<D>::kBlocks) paged_prefill_wg
     for (int i = 0; i < DT * 4; ++i) o[i] = 0.0f;
     float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};  // rows r0, r0 + 8: running max (log2), partial sum
 
-    // S (zeroed here) = Q·K_tᵀ, issued (the caller fences before and commits after).
+    // S += Q·K_tᵀ, issued (the caller zeroes S and fences before, commits and waits after).
     const auto issue_scores = [&](int t, float (&s)[NT * 4]) {
       const std::uint32_t qa = sq + static_cast<std::uint32_t>(wg * 64 * 128);
       const std::uint32_t kb = sk + static_cast<std::uint32_t>((t % STAGES) * T::kKvBytes);
