@@ -2,8 +2,8 @@
 // 9.0 with a bf16 cache, the wgmma kernel (sm90a/paged_prefill_wgmma.cu, the default there); elsewhere, and
 // where a PrefillPath asks for them, the two here:
 //
-//  - the mma.sync kernel (the default off Hopper), flash-attention-2 style with mma.sync m16n8k16 bf16 -> f32. A thread
-//    block of 4 warps takes BQ = 64·MT queries of one (sequence, query head); warp w owns rows 16·MT·w ..
+//  - the mma.sync kernel (the default off Hopper), flash-attention-2 style with mma.sync m16n8k16 bf16 -> f32.
+//    A thread block of 4 warps takes BQ = 64·MT queries of one (sequence, query head); warp w owns rows 16·MT·w ..
 //    16·MT·(w+1)-1 of the tile, MT m16 tiles of them. K/V are walked in tiles of 64 positions from 0 up to
 //    the tile's last visible position, gathered through the block table by cp.async (16 bytes a row chunk,
 //    zero fill past the last position) into a double buffer: tile t+1 is in flight while tile t is used.
