@@ -250,22 +250,6 @@ case "${1:-}" in
       done
     done
     ;;
-  norm-ab)  # issues 16 and 18: batch-1 decode (Llama-3-8B dummy, 512 + 128, static engine) with the one-row GEMVs
-    # that form x themselves (INFER_BF16_GEMV_NORM=1: bf16's takes the pre-norm; INFER_FP8_GEMV_ROW=1: FP8's the
-    # pre-norm and x's quantization) and without them (=0, the default since a8a7992: measured slower on an H100,
-    # bench/results/gpu-2026-12-07d), alternating, two runs each; then paged
-    # bf16 also with the one-row kernel for its projections without a norm (INFER_BF16_GEMV=one_row: "k = row").
-    for spec in "bf16 static 1" "fp8 static 1" "bf16 static 2" "fp8 static 2" "bf16 paged 1" "fp8 paged 1"; do
-      set -- $spec
-      ks="1 0"; [ $1 = bf16 ] && ks="1 0 row"
-      for k in $ks; do
-        norm=$k; path=${INFER_BF16_GEMV:-}; [ $k = row ] && { norm=1; path=one_row; }
-        INFER_BF16_GEMV=$path INFER_BF16_GEMV_NORM=$norm INFER_FP8_GEMV_ROW=$norm run "$bin"/infer-bench-latency \
-          --dummy llama3-8b --quantizer $1 --engine $2 --max-batch 1 --max-input 512 --max-output 128 --batch-size 1 \
-          --input-len 512 --output-len 128 --num-iters 5 --output-json "$out/latency-llama3-8b-b1-512-128-$1-$2-rowgemv$k-r$3.json"
-      done
-    done
-    ;;
   prefill-ab)  # issue 16's TTFT: the prefill attention on wgmma (the default on Hopper) against the mma.sync kernel
     # (INFER_PREFILL_ATTENTION=tc128): the [attention] tests, the kernel bench (4 x 4096, and the 2,048-token
     # Llama-3-8B layer), then the time to first token of a 2,048-token prompt (Llama-3-8B dummy, bf16, static
@@ -282,17 +266,6 @@ case "${1:-}" in
         python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['results']; \
 print(sys.argv[2], 'TTFT', round(r['ttft_ms'], 2), 'ms, device', round(r['ttft_device_ms'], 2))" \
           "$out/latency-llama3-8b-b1-2048-ttft-static-$a-r$r.json" "$a r$r"
-      done
-    done
-    ;;
-  early-x-ab)  # the one-row GEMVs' first loads before their chained wait or after (INFER_WHOLE_X_EARLY), against
-    # the kernels without them, bf16 and FP8, static engine, batch 1 (512 + 128)
-    for q in bf16 fp8; do
-      for v in "1 1" "1 0" "0 1"; do
-        set -- $v
-        INFER_BF16_GEMV_NORM=$1 INFER_FP8_GEMV_ROW=$1 INFER_WHOLE_X_EARLY=$2 run "$bin"/infer-bench-latency --dummy llama3-8b \
-          --quantizer $q --engine static --max-batch 1 --max-input 512 --max-output 128 --batch-size 1 --input-len 512 \
-          --output-len 128 --num-iters 3 --output-json "$out/latency-llama3-8b-b1-512-128-$q-row$1-early$2.json"
       done
     done
     ;;
@@ -679,7 +652,7 @@ PY_
     run python3 tests/programs/check_serve_connections.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
     ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|unpack|test [PART]|reference [T..]|seeds N...|bench|engines|early-ab|serve|router|connections|peer-serve|mpi-launch|norm-ab|multi-gpu" >&2
+    echo "usage: bench/gpu_suite.sh build|unpack|test [PART]|reference [T..]|seeds N...|bench|engines|early-ab|serve|router|connections|peer-serve|mpi-launch|prefill-ab|multi-gpu" >&2
     exit 2
     ;;
 esac

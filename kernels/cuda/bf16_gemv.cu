@@ -25,7 +25,6 @@
 #include "gemv_split.cuh"
 #include "mma_bf16.cuh"
 #include "tc_gemv_ring.cuh"
-#include "whole_x_gemv.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -164,24 +163,6 @@ void launch_tensor_cores(const std::uint16_t* w, const std::uint16_t* x, int M, 
                                             K, y, tc_ring::early_copies() ? 1 : 0);
 }
 
-// ---- with the decoder's pre-norm computed in the kernel (one row) ----------------------------------------
-// whole_x_gemv.cuh's kernel (its comment says why and how), with x as bf16 chunks in shared memory.
-struct WholeXBf16 {
-  static constexpr int kValues = 8;
-  struct Params {};
-  struct State {};
-  static constexpr std::size_t smem_bytes(std::int64_t K) { return static_cast<std::size_t>(K) * 2 + whole_x::kRedBytes; }
-  __device__ static State prologue(const whole_x::Source& s, std::int64_t K, unsigned char* smem) {
-    whole_x::form_bf16(s, K, reinterpret_cast<uint4*>(smem), reinterpret_cast<float*>(smem + K * 2));
-    return {};
-  }
-  __device__ static const uint4* x_chunks(const unsigned char* smem, std::int64_t) {
-    return reinterpret_cast<const uint4*>(smem);
-  }
-  __device__ static float dot(const uint4& w, const uint4& x) { return dot8(w, x); }
-  __device__ static float out(float sum, std::int64_t, State, const Params&) { return sum; }
-};
-
 tc_ring::PathSwitch<Bf16GemvPath> g_gemv_path;
 Bf16GemvPath resolve_gemv_path() { return g_gemv_path.get("INFER_BF16_GEMV"); }
 
@@ -222,14 +203,7 @@ template <class Out>
 void gemv(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64_t N, std::int64_t K, Out* y, void* stream) {
   check_args(w, x, y, M, N, K);
   if (N == 0) return;
-  const Bf16GemvPath path = resolve_gemv_path();
-  if constexpr (sizeof(Out) == 2) {
-    if (path == Bf16GemvPath::one_row && M == 1 && whole_x::takes<WholeXBf16>(K)) {
-      whole_x::launch<WholeXBf16, false>("cuda::bf16_gemv (one row)", w, {}, {x, {}}, N, K, y, stream);
-      return;
-    }
-  }
-  if (path == Bf16GemvPath::tensor_cores || path == Bf16GemvPath::one_row)
+  if (resolve_gemv_path() == Bf16GemvPath::tensor_cores)
     launch_tensor_cores(w, x, M, N, K, y, static_cast<cudaStream_t>(stream));
   else
     launch(w, x, M, N, K, y, static_cast<cudaStream_t>(stream));
@@ -249,7 +223,7 @@ void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x, int M, std::int64
 }
 
 int bf16_gemv_preferred_rows() noexcept {
-  return resolve_gemv_path() == Bf16GemvPath::cuda_cores ? kBf16GemvPreferredRows : kGemvMaxRows;
+  return resolve_gemv_path() == Bf16GemvPath::tensor_cores ? kGemvMaxRows : kBf16GemvPreferredRows;
 }
 
 Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path) {
@@ -266,31 +240,6 @@ void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x, in
   if (I == 0) return;
   launch<std::uint16_t, Epilogue::swiglu>(w_gate_up, x, M, I, K, y, static_cast<cudaStream_t>(stream));
   backend::cuda::check(cudaGetLastError(), "cuda::bf16_gemv_swiglu: kernel launch");
-}
-
-namespace {
-void require_one_row(const char* who, int M) {
-  if (M != 1) throw InvalidArgument(infer::detail::cat(who, ": M = ", M, "; the pre-norm variant takes one row"));
-}
-}  // namespace
-
-void bf16_gemv(const std::uint16_t* w, const ResidualNorm& x, int M, std::int64_t N, std::int64_t K, std::uint16_t* y,
-               void* stream) {
-  constexpr const char* who = "cuda::bf16_gemv (pre-norm)";
-  require_one_row(who, M);
-  whole_x::launch<WholeXBf16, false>(who, w, {}, {nullptr, x}, N, K, y, stream);
-}
-
-void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const ResidualNorm& x, int M, std::int64_t I, std::int64_t K,
-                      std::uint16_t* y, void* stream) {
-  constexpr const char* who = "cuda::bf16_gemv_swiglu (pre-norm)";
-  require_one_row(who, M);
-  whole_x::launch<WholeXBf16, true>(who, w_gate_up, {}, {nullptr, x}, I, K, y, stream);
-}
-
-bool bf16_gemv_fuses_norm(int M, std::int64_t K) {
-  static const bool on = whole_x::switch_from_env("INFER_BF16_GEMV_NORM");
-  return on && M == 1 && whole_x::takes<WholeXBf16>(K);
 }
 
 }  // namespace infer::kernels::cuda

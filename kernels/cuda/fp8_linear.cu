@@ -27,7 +27,6 @@
 #include "gemv_split.cuh"
 #include "mma_bf16.cuh"
 #include "tc_gemv_ring.cuh"
-#include "whole_x_gemv.cuh"
 
 namespace infer::kernels::cuda {
 namespace {
@@ -222,53 +221,6 @@ void launch_cuda_cores(const uint4* w4, const float* w_scale, const uint4* x4, c
   }
 }
 
-// ---- one row of bf16 x quantized in the GEMV (whole_x_gemv.cuh) -----------------------------------------
-// Each CTA forms x (bf16 values, or the decoder's pre-norm) in shared memory, takes max |x| (a maximum, the same
-// in every CTA whatever the order), s = max / 448, and x's codes: quantize_rows_e4m3's arithmetic, bit for bit.
-// Then dot16 against 16-code weight chunks, each output's sum scaled by s_w · s once, as fp8_gemv_kernel does.
-// Where the decoder takes it (INFER_FP8_GEMV_ROW=1), a batch-1 step runs neither the activation quantization
-// before each projection (four a layer) nor the norms before qkv and gate_up; measured 9% slower end to end on an
-// H100 all the same, so it is off by default (whole_x_gemv.cuh's kUsedByDefault). (The tensor-core kernel's blocks
-// quantizing x themselves lost, below: there one CTA per 16 rows repeated the prologue ~1,800 times; here the grid
-// is what the GPU holds at once.)
-struct WholeXFp8 {
-  static constexpr int kValues = 16;
-  struct Params {
-    const float* w_scale;
-  };
-  struct State {
-    float s;  ///< x's scale
-  };
-  /// x's bf16 values (2K bytes), its codes (K), the prologue's floats.
-  static constexpr std::size_t smem_bytes(std::int64_t K) { return static_cast<std::size_t>(K) * 3 + whole_x::kRedBytes; }
-  __device__ static State prologue(const whole_x::Source& src, std::int64_t K, unsigned char* smem) {
-    const auto* xb = reinterpret_cast<const std::uint16_t*>(smem);
-    std::uint8_t* codes = smem + K * 2;
-    whole_x::form_bf16(src, K, reinterpret_cast<uint4*>(smem), reinterpret_cast<float*>(smem + K * 3));
-    const std::int64_t chunks = K / 8;
-    float amax = 0.0f;
-    for (std::int64_t c = threadIdx.x; c < chunks; c += whole_x::kThreads) {
-      float f[8];
-      load8(xb, c, f);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(f[e]));
-    }
-    const float s = __fdiv_rn(block_amax<whole_x::kThreads>(amax), kE4m3Max);
-    for (std::int64_t c = threadIdx.x; c < chunks; c += whole_x::kThreads) {
-      float f[8];
-      load8(xb, c, f);
-      store8(codes, c, f, s);
-    }
-    __syncthreads();
-    return {s};
-  }
-  __device__ static const uint4* x_chunks(const unsigned char* smem, std::int64_t K) {
-    return reinterpret_cast<const uint4*>(smem + K * 2);
-  }
-  __device__ static float dot(const uint4& w, const uint4& x) { return dot16(w, x); }
-  __device__ static float out(float sum, std::int64_t row, State st, const Params& p) { return sum * (p.w_scale[row] * st.s); }
-};
-
 // ---- fp8_gemv on the tensor cores, the weights streamed through shared memory ------------------------------
 // mma.sync m16n8k32 (e4m3 x e4m3 -> f32): a warp multiplies 16 weight rows by the activation rows (M <= 8,
 // the n8 extent; columns past M are zero) 64 codes of K at a time (a k-step: two mma), so the codes go into
@@ -409,40 +361,6 @@ void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t*
 
 Fp8GemvPath set_fp8_gemv_path(Fp8GemvPath path) {
   return g_gemv_path.set(path);
-}
-
-void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint16_t* x_bf16, std::int64_t N, std::int64_t K,
-              std::uint16_t* y, void* stream) {
-  constexpr const char* who = "cuda::fp8_gemv (bf16 x)";
-  if (w_scale == nullptr) throw InvalidArgument(infer::detail::cat(who, ": null weight scales"));
-  whole_x::launch<WholeXFp8, false>(who, w_q, {w_scale}, {x_bf16, {}}, N, K, y, stream);
-}
-
-namespace {
-/// The pre-norm overloads' own refusals (whole_x::launch checks the rest): no weight scales, no norm weight.
-void require_scales_and_norm(const char* who, const float* w_scale, const ResidualNorm& x) {
-  if (w_scale == nullptr || x.weight == nullptr)
-    throw InvalidArgument(infer::detail::cat(who, ": null ", w_scale == nullptr ? "weight scales" : "pre-norm weight"));
-}
-}  // namespace
-
-void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const ResidualNorm& x, std::int64_t N, std::int64_t K,
-              std::uint16_t* y, void* stream) {
-  constexpr const char* who = "cuda::fp8_gemv (pre-norm)";
-  require_scales_and_norm(who, w_scale, x);
-  whole_x::launch<WholeXFp8, false>(who, w_q, {w_scale}, {nullptr, x}, N, K, y, stream);
-}
-
-void fp8_gemv_swiglu(const std::uint8_t* w_q, const float* w_scale, const ResidualNorm& x, std::int64_t I, std::int64_t K,
-                     std::uint16_t* y, void* stream) {
-  constexpr const char* who = "cuda::fp8_gemv_swiglu (pre-norm)";
-  require_scales_and_norm(who, w_scale, x);
-  whole_x::launch<WholeXFp8, true>(who, w_q, {w_scale}, {nullptr, x}, I, K, y, stream);
-}
-
-bool fp8_gemv_quantizes_x(std::int64_t K) {
-  static const bool on = whole_x::switch_from_env("INFER_FP8_GEMV_ROW");
-  return on && whole_x::takes<WholeXFp8>(K);
 }
 
 }  // namespace infer::kernels::cuda

@@ -1,6 +1,6 @@
 #pragma once
 // The decoder's pre-norm (ops.hpp's ResidualNorm) computed in a GEMV's prologue, as the GGUF GEMV
-// (gguf_gemv.cu) and the bf16 GEMV (bf16_gemv.cu) do at batch 1: every CTA sums the squares of r = residual +
+// (gguf_gemv.cu) does at batch 1: every CTA sums the squares of r = residual +
 // delta over the whole row in the same fixed order (so every CTA gets the same inverse norm, bit for bit), then
 // forms x = bf16(r · inv · weight) chunk by chunk, rounded as add_rmsnorm_kernel (rmsnorm.cu) rounds it. The r
 // and x the next kernels read are written once, shared out: CTA b of a grid of G stores chunk i of each row where

@@ -213,8 +213,7 @@ inline bool early_copies() {
 
 /// A GEMV's process-wide choice between its CUDA-core kernel and its ring kernel (Bf16GemvPath, Fp8GemvPath:
 /// automatic, cuda_cores, tensor_cores): what set() chose, else, for automatic, the environment variable named
-/// at the first get() (read once): `cuda_cores` picks the CUDA cores, `one_row` that path where Path has it
-/// (Bf16GemvPath), anything else the tensor cores.
+/// at the first get() (read once): `cuda_cores` picks the CUDA cores, anything else the tensor cores.
 template <class Path>
 class PathSwitch {
  public:
@@ -223,8 +222,6 @@ class PathSwitch {
     if (p != Path::automatic) return p;
     static const Path from_env = [env] {
       const char* v = std::getenv(env);
-      if constexpr (requires { Path::one_row; })
-        if (v != nullptr && std::strcmp(v, "one_row") == 0) return Path::one_row;
       return v != nullptr && std::strcmp(v, "cuda_cores") == 0 ? Path::cuda_cores : Path::tensor_cores;
     }();
     return from_env;

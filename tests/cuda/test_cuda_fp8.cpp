@@ -26,7 +26,6 @@
 #include <vector>
 
 #include "support/cuda_test_support.hpp"
-#include "support/prenorm_case.hpp"
 #include "infer/core/error.hpp"
 #include "infer/core/fp8.hpp"
 #include "infer/core/half.hpp"
@@ -195,128 +194,6 @@ TEST_CASE("cuda::fp8_gemv matches Fp8::matmul on the same codes for M = 1..8", "
     CHECK_THROWS_AS(kc::fp8_gemv(q, f, q, f, 0, 4, 32, y, stream), InvalidArgument);
     CHECK_THROWS_AS(kc::fp8_gemv(q, nullptr, q, f, 1, 4, 32, y, stream), InvalidArgument);
   }
-  CUDA_REQUIRE(cudaStreamDestroy(stream));
-}
-
-TEST_CASE("cuda::fp8_gemv at one row quantizes x itself: bf16 x, the pre-norm, SwiGLU", "[cuda][fp8]") {
-  // The one-row overloads (each CTA takes x's max and codes, whole_x_gemv.cuh) against Fp8::matmul on the x they
-  // multiplied, with the file comment's CUDA-core bound: x given as bf16 (also awkward rows: tiny, huge, an
-  // outlier, zeros), and as the decoder's pre-norm (then r is written bit for bit, x as bf16 is the x quantized,
-  // and y is the bf16-x overload's bits on it); SwiGLU's g and u are Fp8::matmul's, silu(g)·u bounded as in the
-  // bf16 SwiGLU test. Shapes: ragged, Llama-3-8B's qkv, gate_up and down (K = 14,336: 42 KiB of x).
-  using Catch::Contains;
-  cudaStream_t stream;
-  CUDA_REQUIRE(cudaStreamCreate(&stream));
-  struct Shape {
-    std::int64_t N, K;
-  };
-  const Shape shapes[] = {{1, 16}, {5, 64}, {333, 1008}, {6144, 4096}, {77, 14336}};
-  const auto& table = e4m3_table();
-  std::uint32_t seed = test_seed("cuda::fp8_gemv one row");
-  for (const Shape& sh : shapes) {
-    ++seed;
-    const std::int64_t N = sh.N, K = sh.K;
-    INFO("N=" << N << " K=" << K << " seed " << seed);
-    std::mt19937 rng(seed);
-    std::vector<float> wf(static_cast<std::size_t>(2 * N * K));  // 2N rows: [gate; up] for SwiGLU, the first N else
-    std::normal_distribution<float> d(0.0f, 0.02f);
-    for (auto& v : wf) v = d(rng);
-    const Fp8::linear<cpu> w = Fp8::quantize(wf, 2 * N, K);
-    test::DeviceMem dwq(w.q.size()), dws(w.scale.size() * 4), dy(static_cast<std::size_t>(2 * N) * 2),
-        dy2(static_cast<std::size_t>(2 * N) * 2);
-    upload(dwq, w.q);
-    upload(dws, w.scale);
-    // want = Fp8::matmul's (all 2N rows) on x (f32 of bf16 values); a = Σ|x̂||ŵ| per row, for the bound.
-    const auto cpu_product = [&](const std::vector<float>& xf, std::vector<float>& want, std::vector<double>& a) {
-      want.assign(static_cast<std::size_t>(2 * N), 0.0f);
-      Fp8::matmul(cpu{}, w, xf.data(), 1, want.data());
-      const QuantizedRows qx(xf, 1, K);
-      a.assign(static_cast<std::size_t>(2 * N), 0.0);
-      for (std::int64_t n = 0; n < 2 * N; ++n)
-        for (std::int64_t k = 0; k < K; ++k)
-          a[static_cast<std::size_t>(n)] += std::fabs(static_cast<double>(table[qx.codes[static_cast<std::size_t>(k)]]) * qx.scales[0] *
-                                                      table[w.q[static_cast<std::size_t>(n * K + k)]] * w.scale[static_cast<std::size_t>(n)]);
-    };
-    const double e = 4.0 * static_cast<double>(K) * std::ldexp(1.0, -24);
-    const auto check_rows = [&](const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& a) {
-      int bad = 0;
-      for (std::int64_t n = 0; n < N; ++n) {
-        const auto i = static_cast<std::size_t>(n);
-        const double bound = std::ldexp(std::fabs(static_cast<double>(want[i])), -8) + e * a[i] + 1e-30;
-        if (!(std::fabs(static_cast<double>(got[i]) - want[i]) <= bound) && ++bad <= 5)
-          FAIL_CHECK("y[" << n << "] = " << got[i] << ", want " << want[i] << " ± " << bound);
-      }
-      CHECK(bad == 0);
-    };
-    // bf16 x: N(0, 1), then the awkward rows (tiny, huge, an outlier, zeros).
-    const auto awkward = awkward_rows(5, K, rng);
-    for (int r = -1; r < 5; ++r) {
-      INFO("x row " << r);
-      const auto xb = r < 0 ? random_bf16(static_cast<std::size_t>(K), rng)
-                            : std::vector<std::uint16_t>(awkward.begin() + r * K, awkward.begin() + (r + 1) * K);
-      const auto xf = to_f32(xb);
-      std::vector<float> want;
-      std::vector<double> a;
-      cpu_product(xf, want, a);
-      test::DeviceMem dx(xb.size() * 2);
-      upload(dx, xb);
-      CUDA_REQUIRE(cudaMemset(dy.p, 0xff, static_cast<std::size_t>(N) * 2));
-      kc::fp8_gemv(dwq.as<std::uint8_t>(), dws.as<float>(), dx.as<std::uint16_t>(), N, K, dy.as<std::uint16_t>(), stream);
-      CUDA_REQUIRE(cudaStreamSynchronize(stream));
-      check_rows(to_f32(download<std::uint16_t>(dy.p, static_cast<std::size_t>(N))), want, a);
-    }
-    // The pre-norm: r bit for bit, y the bf16-x overload's bits on the x written, SwiGLU against the CPU's g and u.
-    const auto n = static_cast<std::size_t>(K);
-    const PreNormCase pc(1, K, rng);
-    const auto &residual = pc.residual, &weight = pc.weight, &sum = pc.sum;
-    const auto& delta = pc.delta;
-    test::DeviceMem dres(n * 4), ddelta(n * 2), dnw(n * 4), dsum(n * 4), dxn(n * 2);
-    upload(dres.p, residual);
-    upload(ddelta.p, delta);
-    upload(dnw.p, weight);
-    const kc::ResidualNorm norm{dres.as<float>(), ddelta.as<std::uint16_t>(), dnw.as<float>(), 1e-5f, dsum.as<float>(),
-                                dxn.as<std::uint16_t>()};
-    kc::fp8_gemv(dwq.as<std::uint8_t>(), dws.as<float>(), norm, N, K, dy.as<std::uint16_t>(), stream);
-    CUDA_REQUIRE(cudaStreamSynchronize(stream));
-    CHECK(download<float>(dsum.p, n) == sum);
-    const auto xn = download<std::uint16_t>(dxn.p, n);
-    pc.check_x(xn, 1, K, 1e-5f);
-    kc::fp8_gemv(dwq.as<std::uint8_t>(), dws.as<float>(), dxn.as<std::uint16_t>(), N, K, dy2.as<std::uint16_t>(), stream);
-    CUDA_REQUIRE(cudaStreamSynchronize(stream));
-    CHECK(download<std::uint16_t>(dy.p, static_cast<std::size_t>(N)) == download<std::uint16_t>(dy2.p, static_cast<std::size_t>(N)));
-    std::vector<float> want;
-    std::vector<double> a;
-    cpu_product(to_f32(xn), want, a);
-    check_rows(to_f32(download<std::uint16_t>(dy.p, static_cast<std::size_t>(N))), want, a);
-    kc::ResidualNorm bare = norm;
-    bare.residual_out = nullptr;
-    bare.normed_out = nullptr;
-    kc::fp8_gemv_swiglu(dwq.as<std::uint8_t>(), dws.as<float>(), bare, N, K, dy.as<std::uint16_t>(), stream);
-    CUDA_REQUIRE(cudaStreamSynchronize(stream));
-    const auto got = to_f32(download<std::uint16_t>(dy.p, static_cast<std::size_t>(N)));
-    int bad = 0;
-    for (std::int64_t i = 0; i < N; ++i) {
-      const auto gi = static_cast<std::size_t>(i), ui = static_cast<std::size_t>(N + i);
-      const double g = want[gi], u = want[ui];
-      const double silu = g / (1.0 + std::exp(-g)), y = silu * u;
-      const double bound = std::ldexp(std::fabs(y), -8) + 1.1 * e * a[gi] * std::fabs(u) + std::fabs(silu) * e * a[ui] +
-                           1e-6 * std::fabs(y) + 1e-30;
-      if (!(std::fabs(got[gi] - y) <= bound) && ++bad <= 5) FAIL_CHECK("swiglu y[" << i << "] = " << got[gi] << ", want " << y << " ± " << bound);
-    }
-    CHECK(bad == 0);
-  }
-  // Refused, not miscomputed.
-  test::DeviceMem dd(1 << 16);
-  const auto* q = dd.as<std::uint8_t>();
-  const auto* f = dd.as<float>();
-  auto* y = dd.as<std::uint16_t>();
-  CHECK_FALSE(kc::fp8_gemv_quantizes_x(24));
-  CHECK_FALSE(kc::fp8_gemv_quantizes_x(16384));  // 48 KiB of bf16 x and codes
-  CHECK_THROWS_AS(kc::fp8_gemv(q, f, y, 4, 24, y, stream), InvalidArgument);
-  CHECK_THROWS_WITH(kc::fp8_gemv(dd.as<std::uint8_t>(8), f, y, 4, 32, y, stream), Contains("16-byte aligned"));
-  CHECK_THROWS_AS(kc::fp8_gemv(q, nullptr, y, 4, 32, y, stream), InvalidArgument);
-  CHECK_THROWS_WITH(kc::fp8_gemv(q, f, kc::ResidualNorm{f, nullptr, f, 1e-5f, dd.as<float>(), nullptr}, 4, 32, y, stream),
-                    Contains("another buffer"));
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 

@@ -57,18 +57,6 @@ struct Bf16 {
                             std::uint16_t* y) {
     return detail::cuda_matmul_swiglu(ctx, w, x, rows, y);
   }
-
-  /// The optional pre-norm hooks: matmul (into columns, ldy 0: dense) and matmul_swiglu with x given as the
-  /// decoder's pending residual add and RMSNorm, computed inside the GEMV (kernels::cuda::ResidualNorm); true where
-  /// that runs (one row), false having done nothing otherwise (the model runs the norm kernel, then the plain hook).
-  static bool matmul_normed(CudaMatmulContext& ctx, const linear<cuda>& w, const kernels::cuda::ResidualNorm& x,
-                            std::int32_t rows, std::uint16_t* y, std::int64_t ldy) {
-    return detail::cuda_matmul_normed(ctx, w, x, rows, y, ldy);
-  }
-  static bool matmul_swiglu_normed(CudaMatmulContext& ctx, const linear<cuda>& w, const kernels::cuda::ResidualNorm& x,
-                                   std::int32_t rows, std::uint16_t* y) {
-    return detail::cuda_matmul_swiglu_normed(ctx, w, x, rows, y);
-  }
 #endif
 };
 

@@ -203,46 +203,34 @@ inline bool cuda_matmul_swiglu(CudaMatmulContext& ctx, const CudaLinear& w, cons
   return true;
 }
 
-/// Whether a GEMV takes this weight at `rows` with x as a pre-norm (the ResidualNorm overloads of bf16_gemv and
-/// gguf_gemv, each by its own rule: bf16_gemv_fuses_norm, gguf_gemv_fuses_norm).
+/// Whether the GGUF GEMV takes this weight at `rows` with x as a pre-norm (its ResidualNorm overloads).
 inline bool gemv_takes_norm(const CudaLinear& w, std::int32_t rows) {
-  if (w.type == DType::bf16)
-    return kernels::cuda::bf16_gemv_fuses_norm(rows, w.in_features) &&
-           reinterpret_cast<std::uintptr_t>(w.data) % 16 == 0;
-  return rows >= 1 && rows <= kernels::cuda::kGemvMaxRows && kernels::cuda::gemv_supports(w.type) &&
-         kernels::cuda::gguf_gemv_fuses_norm(rows, w.in_features);
+  return w.type != DType::bf16 && rows >= 1 && rows <= kernels::cuda::kGemvMaxRows &&
+         kernels::cuda::gemv_supports(w.type) && kernels::cuda::gguf_gemv_fuses_norm(rows, w.in_features);
 }
 
 /// cuda_matmul with x as the pre-norm `x` (which the kernel computes, writing x.residual_out and x.normed_out),
-/// row m of y at y + m·ldy (0: w.out): true where a GEMV does that (gemv_takes_norm); false, having done nothing,
-/// otherwise (the caller runs residual_norm, then the matmul).
+/// row m of y at y + m·ldy (0: w.out): true where the GGUF GEMV does that (gemv_takes_norm); false, having done
+/// nothing, otherwise (the caller runs residual_norm, then the matmul).
 inline bool cuda_matmul_normed(CudaMatmulContext& ctx, const CudaLinear& w, const kernels::cuda::ResidualNorm& x,
                                std::int32_t rows, std::uint16_t* y, std::int64_t ldy) {
   if (!gemv_takes_norm(w, rows)) return false;
-  if (w.type == DType::bf16)  // one row: ldy does not matter
-    kernels::cuda::bf16_gemv(static_cast<const std::uint16_t*>(w.data), x, rows, w.out_features, w.in_features, y,
-                             ctx.stream);
-  else
-    kernels::cuda::gguf_gemv(w.type, w.data, x, rows, w.out_features, w.in_features, y, ctx.stream, ldy);
+  kernels::cuda::gguf_gemv(w.type, w.data, x, rows, w.out_features, w.in_features, y, ctx.stream, ldy);
   return true;
 }
 
-/// cuda_matmul_swiglu with x as a pre-norm, where a GEMV does both; false, having done nothing, otherwise.
+/// cuda_matmul_swiglu with x as a pre-norm, where the GGUF GEMV does both; false, having done nothing, otherwise.
 inline bool cuda_matmul_swiglu_normed(CudaMatmulContext& ctx, const CudaLinear& w,
                                       const kernels::cuda::ResidualNorm& x, std::int32_t rows, std::uint16_t* y) {
   if (w.out_features % 2 != 0 || !gemv_takes_norm(w, rows)) return false;
-  if (w.type == DType::bf16)
-    kernels::cuda::bf16_gemv_swiglu(static_cast<const std::uint16_t*>(w.data), x, rows, w.out_features / 2,
-                                    w.in_features, y, ctx.stream);
-  else
-    kernels::cuda::gguf_gemv_swiglu(w.type, w.data, x, rows, w.out_features / 2, w.in_features, y, ctx.stream);
+  kernels::cuda::gguf_gemv_swiglu(w.type, w.data, x, rows, w.out_features / 2, w.in_features, y, ctx.stream);
   return true;
 }
 
 /// cuda_logits with x as a pre-norm (the final norm), where the GGUF GEMV does both; false otherwise.
 inline bool cuda_logits_normed(CudaMatmulContext& ctx, const CudaLinear& w, const kernels::cuda::ResidualNorm& x,
                                std::int32_t rows, float* y) {
-  if (w.type == DType::bf16 || !gemv_takes_norm(w, rows)) return false;
+  if (!gemv_takes_norm(w, rows)) return false;
   kernels::cuda::gguf_gemv(w.type, w.data, x, rows, w.out_features, w.in_features, y, ctx.stream);
   return true;
 }

@@ -189,22 +189,11 @@ struct Fp8 {
     kernels::cuda::quantize_rows_e4m3(values, r.out, r.in, q, scale, store.stream_handle());
   }
 
-  /// Whether one row of x against `w` runs the GEMV that quantizes x itself (kernels::cuda::fp8_gemv's bf16-x
-  /// overloads): batch 1, where the kernel takes w's width.
-  static bool takes_row(const linear<cuda>& w, std::int32_t rows, const void* x) {
-    return rows == 1 && kernels::cuda::fp8_gemv_quantizes_x(w.in()) && reinterpret_cast<std::uintptr_t>(w.q) % 16 == 0 &&
-           reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
-  }
-
-  /// y[rows][w.out()] (bf16) = e4m3(x)·s_x · (e4m3(w)·s_w)ᵀ: at one row the GEMV quantizing x itself; otherwise
-  /// x's rows quantized into ctx's workspace, then the FP8 GEMV (rows <= kGemvMaxRows) or cuBLASLt's FP8 GEMM.
+  /// y[rows][w.out()] (bf16) = e4m3(x)·s_x · (e4m3(w)·s_w)ᵀ: x's rows quantized into ctx's workspace, then
+  /// the FP8 GEMV (rows <= kGemvMaxRows) or cuBLASLt's FP8 GEMM.
   static void matmul(CudaMatmulContext& ctx, const linear<cuda>& w, const std::uint16_t* x, std::int32_t rows,
                      std::uint16_t* y) {
     namespace kc = kernels::cuda;
-    if (takes_row(w, rows, x)) {
-      kc::fp8_gemv(w.q, w.scale, x, w.out(), w.in(), y, ctx.stream);
-      return;
-    }
     require<InvalidArgument>(ctx.scratch != nullptr && ctx.scratch_elems * 2 >= w.workspace_bytes(rows),
                              "Fp8 matmul of ", rows, " rows of [", w.out(), ", ", w.in(), "] needs ",
                              w.workspace_bytes(rows), " bytes of workspace; the context has ", ctx.scratch_elems * 2);
@@ -215,22 +204,6 @@ struct Fp8 {
       kc::fp8_gemv(w.q, w.scale, codes, scales, rows, w.out(), w.in(), y, ctx.stream);
     else
       ctx.gemm->run_e4m3(codes, scales, w.q, w.scale, y, rows, w.out(), w.in(), ctx.stream);
-  }
-
-  /// The optional pre-norm hooks: matmul (one row: ldy does not matter) and matmul_swiglu with x given as the
-  /// decoder's pending residual add and RMSNorm, computed and quantized inside the GEMV; true where that runs
-  /// (takes_row), false having done nothing otherwise (the model runs the norm kernel, then matmul).
-  static bool matmul_normed(CudaMatmulContext& ctx, const linear<cuda>& w, const kernels::cuda::ResidualNorm& x,
-                            std::int32_t rows, std::uint16_t* y, std::int64_t /*ldy*/) {
-    if (!takes_row(w, rows, x.residual)) return false;
-    kernels::cuda::fp8_gemv(w.q, w.scale, x, w.out(), w.in(), y, ctx.stream);
-    return true;
-  }
-  static bool matmul_swiglu_normed(CudaMatmulContext& ctx, const linear<cuda>& w, const kernels::cuda::ResidualNorm& x,
-                                   std::int32_t rows, std::uint16_t* y) {
-    if (w.out() % 2 != 0 || !takes_row(w, rows, x.residual)) return false;
-    kernels::cuda::fp8_gemv_swiglu(w.q, w.scale, x, w.out() / 2, w.in(), y, ctx.stream);
-    return true;
   }
 
 #endif

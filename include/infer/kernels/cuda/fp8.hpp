@@ -44,24 +44,6 @@ void quantize_rows_e4m3(const float* x_f32, std::int64_t rows, std::int64_t K, s
 void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint8_t* x_q, const float* x_scale, int M,
               std::int64_t N, std::int64_t K, std::uint16_t* y_bf16, void* stream);
 
-/// fp8_gemv at one row of bf16 x, quantizing x in the kernel (each CTA takes x's max |x| and codes itself,
-/// quantize_rows_e4m3's arithmetic bit for bit): y[N] = (e4m3(x / s_x) · s_x) · (w_q · s_w)ᵀ with s_x = max|x| /
-/// 448. The decode step's quantization kernel before the projection disappears. With x a ResidualNorm (ops.hpp),
-/// x is the decoder's pre-norm, computed in the kernel as bf16_gemv's ResidualNorm overload computes it (writing
-/// r and x where given), then quantized; fp8_gemv_swiglu takes the stacked [gate; up] weight ([2I][K], its row
-/// scales) and writes y[i] = bf16(silu(g)·u) with g and u the scaled f32 sums (no rounding of g and u to bf16).
-/// K a multiple of 16 whose bf16 x and codes fit 48 KiB (fp8_gemv_quantizes_x); w_q and x 16-byte aligned;
-/// InvalidArgument otherwise. N (I) of 0 does nothing.
-void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const std::uint16_t* x_bf16, std::int64_t N, std::int64_t K,
-              std::uint16_t* y_bf16, void* stream);
-void fp8_gemv(const std::uint8_t* w_q, const float* w_scale, const ResidualNorm& x, std::int64_t N, std::int64_t K,
-              std::uint16_t* y_bf16, void* stream);
-void fp8_gemv_swiglu(const std::uint8_t* w_q, const float* w_scale, const ResidualNorm& x, std::int64_t I,
-                     std::int64_t K, std::uint16_t* y_bf16, void* stream);
-/// Whether the one-row overloads above take a row of K, and the decoder should use them at batch 1: where
-/// INFER_FP8_GEMV_ROW=1 (read once; off by default: whole_x_gemv.cuh's kUsedByDefault says why, 9% slower on an H100).
-[[nodiscard]] bool fp8_gemv_quantizes_x(std::int64_t K);
-
 /// Which kernel fp8_gemv runs, process-wide: `automatic` (the default) takes the environment variable
 /// INFER_FP8_GEMV, read once — `cuda_cores`, else the tensor cores. Returns the previous choice; takes
 /// effect at the next call (a captured CUDA graph keeps the kernel it captured). For tests and A/B runs.

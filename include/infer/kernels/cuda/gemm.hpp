@@ -261,10 +261,7 @@ void bf16_gemv(const std::uint16_t* w, const std::uint16_t* x_bf16, int M, std::
 /// INFER_BF16_GEMV, read once — `cuda_cores`, else the tensor cores (mma.sync, the weights streamed through
 /// shared memory; as fast at one row, 6% faster than cuBLASLt at 4 and 8). Returns the previous choice; takes effect at the next call (a captured CUDA graph keeps the
 /// kernel it captured). For tests and A/B runs. The fused variants below always run on the CUDA cores.
-/// `one_row` (INFER_BF16_GEMV=one_row): at one row with bf16 out, the kernel of the pre-norm overloads below on
-/// plain x (every CTA reads all of x, a grid the GPU holds at once; the tensor cores otherwise), to measure
-/// against the ring kernel on the projections without a norm (o, down).
-enum class Bf16GemvPath : int { automatic = 0, cuda_cores = 1, tensor_cores = 2, one_row = 3 };
+enum class Bf16GemvPath : int { automatic = 0, cuda_cores = 1, tensor_cores = 2 };
 Bf16GemvPath set_bf16_gemv_path(Bf16GemvPath path);
 
 /// Whether the tensor-core GEMVs (bf16_gemv's and fp8_gemv's ring kernels) copy their first weights before
@@ -279,22 +276,6 @@ int set_tensor_core_gemv_early_copies(int on);
 /// bf16 and a kernel. Same requirements and errors as bf16_gemv (with N = I).
 void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const std::uint16_t* x_bf16, int M, std::int64_t I,
                       std::int64_t K, std::uint16_t* y_bf16, void* stream);
-
-/// bf16_gemv and bf16_gemv_swiglu (bf16 out) with x given as the decoder's pre-norm (ops.hpp's ResidualNorm, one
-/// row of K): the kernel computes x = bf16(r · rsqrt(mean(r²) + eps) · weight), r = residual + delta, in its
-/// prologue, as gguf_gemv's ResidualNorm overloads do (x may differ from add_bf16_rmsnorm's by an ulp where the
-/// norm's inverse rounds differently), multiplies it by W in f32 and writes r to x.residual_out and x to
-/// x.normed_out where they are given. The decode step's norm kernel disappears. M must be 1 and K a multiple of 8
-/// with 2·K + 64 bytes of x within 48 KiB; w 16-byte aligned; x as gguf_gemv's overloads require (InvalidArgument
-/// otherwise).
-void bf16_gemv(const std::uint16_t* w, const ResidualNorm& x, int M, std::int64_t N, std::int64_t K,
-               std::uint16_t* y_bf16, void* stream);
-void bf16_gemv_swiglu(const std::uint16_t* w_gate_up, const ResidualNorm& x, int M, std::int64_t I, std::int64_t K,
-                      std::uint16_t* y_bf16, void* stream);
-/// Whether the decoder folds the pre-norm of M rows of K into the bf16 GEMV (the ResidualNorm overloads above):
-/// at one row, where x fits, where INFER_BF16_GEMV_NORM=1 (read once; off by default: whole_x_gemv.cuh's
-/// kUsedByDefault says why, measured 7% slower end to end on an H100).
-[[nodiscard]] bool bf16_gemv_fuses_norm(int M, std::int64_t K);
 
 /// Whether `gguf_gemv` takes this weight type: every type its integer dot product decodes (all the GGUF block
 /// types the library reads).

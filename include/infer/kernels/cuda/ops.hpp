@@ -40,7 +40,7 @@ void add_bf16_rmsnorm(float* residual, const std::uint16_t* delta_bf16, const fl
 
 /// A decoder layer's pre-norm as a value: x = bf16(r · rsqrt(mean(r²) + eps) · weight) per row, r = residual +
 /// f32(delta), and where its results go. add_bf16_rmsnorm computes it in place; given out of place, a kernel that
-/// reads x can compute it in its own prologue (gguf_gemv, gemm.hpp) and save the decode step a kernel, while
+/// reads x can compute it in its own prologue (gguf_gemv) and save the decode step a kernel, while
 /// `residual_norm` below is the same thing standalone. Pointers are device memory, rows `dim` values apart;
 /// residual, residual_out and normed_out 16-byte aligned for the fused kernels.
 struct ResidualNorm {
