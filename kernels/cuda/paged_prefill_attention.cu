@@ -38,6 +38,7 @@
 #include <cstring>
 #include <limits>
 
+#include "infer/backend/cuda_runtime.hpp"
 #include "infer/core/error.hpp"
 #include "infer/core/half.hpp"
 #include "infer/kernels/cuda/attention.hpp"
@@ -551,23 +552,16 @@ PrefillPath resolve_path() {
 /// Opts a kernel instance into its dynamic shared memory (> 48 KB) once per device.
 template <int D, int MT, bool kFp8>
 cudaError_t prepare_tc_kernel() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<bool> done[kMaxDevices] = {};
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  if (dev >= 0 && dev < kMaxDevices && done[dev].load(std::memory_order_acquire)) return cudaSuccess;
-  const auto kernel = paged_prefill_tc_kernel<D, MT, kFp8>;
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           TcTile<D, MT>::kSmemBytes);
-      e != cudaSuccess)
-    return e;
-  // A hint: the largest shared-memory carveout, so that two thread blocks fit on an SM.
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           cudaSharedmemCarveoutMaxShared);
-      e != cudaSuccess)
-    return e;
-  if (dev >= 0 && dev < kMaxDevices) done[dev].store(true, std::memory_order_release);
-  return cudaSuccess;
+  static backend::cuda::PerDevice prepared;
+  return prepared.once([] {
+    const auto kernel = paged_prefill_tc_kernel<D, MT, kFp8>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             TcTile<D, MT>::kSmemBytes);
+        e != cudaSuccess)
+      return e;
+    // A hint: the largest shared-memory carveout, so that two thread blocks fit on an SM.
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  });
 }
 
 template <int D, int MT, bool kFp8>

@@ -47,24 +47,60 @@ inline int device_count() noexcept {
   return n;
 }
 
+/// What a kernel or a query needs to do or know once per device, kept per device (the first 64; past them
+/// nothing is kept and the work is redone at every call). A function-local `static PerDevice` per use.
+class PerDevice {
+ public:
+  static constexpr int kMaxDevices = 64;
+
+  /// compute(dev) for the current device (a non-zero int), asked once per device and kept; `no_device` where
+  /// there is no current device.
+  template <class Compute>
+  int value(Compute compute, int no_device) noexcept {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return no_device;
+    }
+    const bool kept = dev >= 0 && dev < kMaxDevices;
+    if (kept) {
+      if (const int v = slots_[static_cast<std::size_t>(dev)].load(std::memory_order_acquire); v != 0) return v;
+    }
+    const int v = compute(dev);
+    if (kept) slots_[static_cast<std::size_t>(dev)].store(v, std::memory_order_release);
+    return v;
+  }
+
+  /// prepare() (a cudaError_t: raising a kernel's shared memory, say) on the current device until it succeeds once.
+  template <class Prepare>
+  cudaError_t once(Prepare prepare) {
+    int dev = 0;
+    if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+    const bool kept = dev >= 0 && dev < kMaxDevices;
+    if (kept && slots_[static_cast<std::size_t>(dev)].load(std::memory_order_acquire) != 0) return cudaSuccess;
+    if (cudaError_t e = prepare(); e != cudaSuccess) return e;
+    if (kept) slots_[static_cast<std::size_t>(dev)].store(1, std::memory_order_release);
+    return cudaSuccess;
+  }
+
+ private:
+  std::atomic<int> slots_[kMaxDevices] = {};  // 0: not yet
+};
+
 /// The current device's streaming multiprocessors (kernels size their grids by it), asked once per device and
 /// kept; 132 (an H100's or H200's) when the driver cannot say.
 inline int sm_count() noexcept {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 132;
-  }
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};
-  if (dev >= 0 && dev < kMaxDevices && cached[dev] > 0) return cached[dev];
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
-    (void)cudaGetLastError();
-    n = 132;
-  }
-  if (dev >= 0 && dev < kMaxDevices) cached[dev] = n;
-  return n;
+  static PerDevice memo;
+  return memo.value(
+      [](int dev) {
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+          (void)cudaGetLastError();
+          n = 132;
+        }
+        return n;
+      },
+      132);
 }
 
 /// The current device's architecture as nvcc names it ("sm_90" for an H100 or H200).

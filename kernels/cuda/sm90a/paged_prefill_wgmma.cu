@@ -24,10 +24,10 @@
 // three stages, one block an SM) measured 232 and 279: slower, not kept.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <limits>
 
+#include "infer/backend/cuda_runtime.hpp"
 #include "../mma_bf16.cuh"
 #include "../paged_prefill.cuh"
 #include "../wgmma_bf16.cuh"
@@ -261,17 +261,13 @@ __global__ void __launch_bounds__(kThreads, WgTile<D>::kBlocks) paged_prefill_wg
 template <int D>
 cudaError_t launch(const PrefillParams& p, int num_seqs, std::int64_t cap, cudaStream_t stream) {
   using T = WgTile<D>;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<bool> prepared[kMaxDevices] = {};
   const auto kernel = paged_prefill_wgmma_kernel<D>;
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  if (dev < 0 || dev >= kMaxDevices || !prepared[dev].load(std::memory_order_acquire)) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-        e != cudaSuccess)
-      return e;
-    if (dev >= 0 && dev < kMaxDevices) prepared[dev].store(true, std::memory_order_release);
-  }
+  static backend::cuda::PerDevice prepared;
+  if (cudaError_t e = prepared.once([&] {
+        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+      });
+      e != cudaSuccess)
+    return e;
   std::int64_t tiles = (cap + T::kBQ - 1) / T::kBQ;
   if (tiles > kMaxGridZ) tiles = kMaxGridZ;
   const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>(num_seqs), static_cast<unsigned>(tiles));
@@ -282,19 +278,16 @@ cudaError_t launch(const PrefillParams& p, int num_seqs, std::int64_t cap, cudaS
 }  // namespace
 
 bool prefill_wgmma_runs_here() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices] = {};  // 0: not asked yet, 1: runs, 2: does not
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (dev >= 0 && dev < kMaxDevices) {
-    if (const int k = known[dev].load(std::memory_order_relaxed); k != 0) return k == 1;
-  }
-  int major = 0, minor = 0;
-  const bool runs = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                    major == 9 && minor == 0;
-  if (dev >= 0 && dev < kMaxDevices) known[dev].store(runs ? 1 : 2, std::memory_order_relaxed);
-  return runs;
+  static backend::cuda::PerDevice memo;  // 1: runs, 2: does not
+  return memo.value(
+             [](int dev) {
+               int major = 0, minor = 0;
+               const bool runs = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                                 cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                                 major == 9 && minor == 0;
+               return runs ? 1 : 2;
+             },
+             2) == 1;
 }
 
 cudaError_t launch_prefill_wgmma(const PrefillParams& p, int head_dim, int num_seqs, std::int64_t cap,

@@ -74,8 +74,7 @@ void paged_decode_attention(const PagedKvBatch& batch, const std::uint16_t* q, i
 ///
 /// Kernel (see PrefillPath): by default, on Hopper with a bf16 cache, flash-attention on wgmma (both products
 /// on warpgroup MMA, 128 queries a thread block, kernels/cuda/sm90a/); elsewhere flash-attention-2 on the
-/// tensor cores (mma.sync m16n8k16 bf16,
-/// f32 accumulators): a thread block takes 128 (or 64) queries of one (sequence, query head), walks the
+/// tensor cores (mma.sync m16n8k16 bf16, f32 accumulators): a thread block takes 128 (or 64) queries of one (sequence, query head), walks the
 /// K/V tiles of 64 positions up to its causal limit (double-buffered cp.async gathers through the block
 /// table), keeps S = Q·Kᵀ and the online softmax in f32 registers and rounds P to bf16 for O += P·V
 /// (error <= 2^-8 · Σ p|v| / Σ p per output value on top of the f32 path's). The CUDA-core kernel it
