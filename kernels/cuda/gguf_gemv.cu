@@ -176,14 +176,25 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src)
 }
 
 /// The quantization's source where x is a ResidualNorm (quantize_q8_chunks_from): chunk c of x is
-/// bf16(r · inv[row] · weight) (residual_norm.cuh's normed_chunk, which also stores the CTA's share of r and x).
+/// bf16(r · inv[row] · weight) (residual_norm.cuh's normed_chunk_of, which also stores the CTA's share of r and x).
+/// fetch() reads r's loads only, so that a thread's chunks of a round are in flight together.
 struct NormedChunks {
   ResidualNorm n;
   const float* inv;  ///< per row of x: rsqrt(mean(r²) + eps), in shared memory
   std::uint32_t chunks_per_row, writer, writers;
-  __device__ __forceinline__ void load(std::int64_t c, float (&v)[8]) const {
+  struct Raw {
+    float r[8];
+  };
+  /// Two: 16 registers of r. The pre-norm runs where M·K <= kGemvNormMaxValues (4,096), two chunks a thread.
+  static constexpr int kMaxBatch = 2;
+  __device__ __forceinline__ Raw fetch(std::int64_t c) const {
+    Raw raw;
+    prenorm::residual_chunk(n, c, raw.r);
+    return raw;
+  }
+  __device__ __forceinline__ void expand(const Raw& raw, std::int64_t c, float (&v)[8]) const {
     const std::uint32_t m = static_cast<std::uint32_t>(c) / chunks_per_row;
-    const uint4 x = prenorm::normed_chunk(n, c, chunks_per_row, inv[m], writer, writers);
+    const uint4 x = prenorm::normed_chunk_of(n, c, raw.r, chunks_per_row, inv[m], writer, writers);
     const std::uint32_t xw[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -217,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const un
                                                         const std::uint16_t* __restrict__ x, std::int64_t N,
                                                         std::int64_t K, void* __restrict__ y, std::int64_t ldy,
                                                         int y_f32, int aligned, int swiglu, int early_copies,
-                                                        ResidualNorm norm) {
+                                                        int x_batch, ResidualNorm norm) {
   static_assert(kWalk == Walk::segments || kWalk == aligned_walk(T), "a unit walk of another type");
   if (!early_copies) chained::wait_for_previous_kernel();  // chained launch: see chained_launch.cuh
   constexpr int kBytes = static_cast<int>(info(T).block_bytes);
@@ -308,20 +319,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const un
     if constexpr (kWalk == Walk::pairs || kWalk == Walk::q8_pairs) {
       UnitXStore<false> store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
                               static_cast<std::uint32_t>(K / kUnitVals)};
-      quantize_q8_chunks_from(src, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
+      quantize_q8_chunks_from(src, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads, x_batch);
     } else if constexpr (kWalk == Walk::q6_runs) {
       UnitXStore<true> store{xq, xp, static_cast<std::uint32_t>(K / 8), static_cast<std::uint32_t>(xblocks),
                              static_cast<std::uint32_t>(K / kUnitVals)};
-      quantize_q8_chunks_from(src, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
+      quantize_q8_chunks_from(src, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads, x_batch);
     } else {
       Q8PlainStore store{xq, xs};
-      quantize_q8_chunks_from(src, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads);
+      quantize_q8_chunks_from(src, MM * K / 8, MM * K / 8, store, threadIdx.x, kThreads, x_batch);
     }
   };
   if (norm.weight != nullptr) {
     // `red` is free until the first chunk's partial sums, after the barrier below.
     float* inv = red + kWarps * MM;
-    prenorm::inv_rms<MM, kWarps>(norm, K, red, inv);
+    prenorm::inv_rms<MM, kWarps>(norm, K, red, inv, x_batch > 1 ? 2 : 1);
     quantize_x(NormedChunks{norm, inv, static_cast<std::uint32_t>(K / 8), blockIdx.x, gridDim.x});
   } else {
     quantize_x(Bf16Chunks{x});
@@ -444,6 +455,19 @@ bool early_copies() {
   return value;
 }
 
+/// Chunks of x a thread fetches before quantizing any (gemv_kernel's `x_batch`; quantize_q8_chunks_from's batch,
+/// capped by its source: 4 of bf16 x, 2 of a pre-norm's r): Llama-3-8B's K of 4,096 is 2 chunks a thread, its
+/// 14,336 7. 4 unless INFER_GGUF_GEMV_XBATCH says otherwise (read once; 1 is the one-load-a-round loop, for A/B
+/// runs in one build).
+int x_batch() {
+  static const int value = [] {
+    const char* e = std::getenv("INFER_GGUF_GEMV_XBATCH");
+    const int v = e == nullptr ? 4 : std::atoi(e);
+    return v < 1 ? 1 : v;
+  }();
+  return value;
+}
+
 /// One call's operands (`run` below), for the launches of its rows of x.
 struct Job {
   const void* w;
@@ -480,7 +504,7 @@ void launch_walk(const Job& j, bool aligned, cudaStream_t stream) {
                                              " is more work than a CTA's 32-bit item count holds"));
   chained::launch(kernel, static_cast<unsigned>(grid), kThreads, smem, stream, static_cast<const unsigned char*>(j.w),
                   j.x, j.N, j.K, j.y, j.ldy, j.y_f32 ? 1 : 0, aligned ? 1 : 0, j.swiglu ? 1 : 0,
-                  early_copies() ? 1 : 0, j.norm);
+                  early_copies() ? 1 : 0, x_batch(), j.norm);
   check(cudaGetLastError(), T, "kernel launch");
 }
 
