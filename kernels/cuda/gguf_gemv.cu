@@ -456,16 +456,21 @@ bool early_copies() {
 }
 
 /// Chunks of x a thread fetches before quantizing any (gemv_kernel's `x_batch`; quantize_q8_chunks_from's batch,
-/// capped by its source: 4 of bf16 x, 2 of a pre-norm's r): Llama-3-8B's K of 4,096 is 2 chunks a thread, its
-/// 14,336 7. 4 unless INFER_GGUF_GEMV_XBATCH says otherwise (read once; 1 is the one-load-a-round loop, for A/B
-/// runs in one build).
-int x_batch() {
-  static const int value = [] {
+/// capped by its source: 4 of bf16 x, 2 of a pre-norm's r), for a launch of M rows of K: 4 where a thread holds
+/// four chunks or more (M·K / 8 >= 4 · kThreads), else 1. Measured on an H200 at 26b8467 (bench/results/
+/// gpu-2026-12-07f, the GEMV alone in a graph, each way twice, alternating): at 7 chunks a thread (Llama-3-8B's
+/// down, K = 14,336, one row) 4 a round took Q8_0 from 23.7 to 21.8 us and Q4_K from 16.5 to 16.0; at 4 or more
+/// (K = 4,096 at 2 to 8 rows) it gained 6-14%; at 2 chunks (K = 4,096, one row) it lost 6-8% (Q8_0 q 7.9 against
+/// 8.4 us): every thread ran four chunks' quantization, two of them on zeros. SmolLM2's batch-1 decode (K = 576
+/// and 1,536: a chunk a thread) ran 1,546.9 tok/s with 1 and 1,423.5 with 4. INFER_GGUF_GEMV_XBATCH=1 or 4 (read
+/// once) forces one, for A/B runs in one build.
+int x_batch(int M, std::int64_t K) {
+  static const int forced = [] {
     const char* e = std::getenv("INFER_GGUF_GEMV_XBATCH");
-    const int v = e == nullptr ? 4 : std::atoi(e);
-    return v < 1 ? 1 : v;
+    return e == nullptr ? 0 : std::max(1, std::atoi(e));
   }();
-  return value;
+  if (forced > 0) return forced;
+  return static_cast<std::int64_t>(M) * K / 8 >= 4 * kThreads ? 4 : 1;
 }
 
 /// One call's operands (`run` below), for the launches of its rows of x.
@@ -504,7 +509,7 @@ void launch_walk(const Job& j, bool aligned, cudaStream_t stream) {
                                              " is more work than a CTA's 32-bit item count holds"));
   chained::launch(kernel, static_cast<unsigned>(grid), kThreads, smem, stream, static_cast<const unsigned char*>(j.w),
                   j.x, j.N, j.K, j.y, j.ldy, j.y_f32 ? 1 : 0, aligned ? 1 : 0, j.swiglu ? 1 : 0,
-                  early_copies() ? 1 : 0, x_batch(), j.norm);
+                  early_copies() ? 1 : 0, x_batch(MM, j.K), j.norm);
   check(cudaGetLastError(), T, "kernel launch");
 }
 
