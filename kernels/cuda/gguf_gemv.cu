@@ -177,7 +177,6 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src)
 
 /// The quantization's source where x is a ResidualNorm (quantize_q8_chunks_from): chunk c of x is
 /// bf16(r · inv[row] · weight) (residual_norm.cuh's normed_chunk_of, which also stores the CTA's share of r and x).
-/// fetch() reads r's loads only, so that a thread's chunks of a round are in flight together.
 struct NormedChunks {
   ResidualNorm n;
   const float* inv;  ///< per row of x: rsqrt(mean(r²) + eps), in shared memory
@@ -185,8 +184,9 @@ struct NormedChunks {
   struct Raw {
     float r[8];
   };
-  /// Two: 16 registers of r. The pre-norm runs where M·K <= kGemvNormMaxValues (4,096), two chunks a thread.
-  static constexpr int kMaxBatch = 2;
+  /// One: the pre-norm runs where M·K <= kGemvNormMaxValues (4,096), at most two chunks a thread, where fetching
+  /// ahead did not pay (x_batch()).
+  static constexpr int kMaxBatch = 1;
   __device__ __forceinline__ Raw fetch(std::int64_t c) const {
     Raw raw;
     prenorm::residual_chunk(n, c, raw.r);
@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks(MM)) gemv_kernel(const un
   if (norm.weight != nullptr) {
     // `red` is free until the first chunk's partial sums, after the barrier below.
     float* inv = red + kWarps * MM;
-    prenorm::inv_rms<MM, kWarps>(norm, K, red, inv, x_batch > 1 ? 2 : 1);
+    prenorm::inv_rms<MM, kWarps>(norm, K, red, inv);
     quantize_x(NormedChunks{norm, inv, static_cast<std::uint32_t>(K / 8), blockIdx.x, gridDim.x});
   } else {
     quantize_x(Bf16Chunks{x});
@@ -456,7 +456,7 @@ bool early_copies() {
 }
 
 /// Chunks of x a thread fetches before quantizing any (gemv_kernel's `x_batch`; quantize_q8_chunks_from's batch,
-/// capped by its source: 4 of bf16 x, 2 of a pre-norm's r), for a launch of M rows of K: 4 where a thread holds
+/// capped by its source: 4 of bf16 x, 1 of a pre-norm), for a launch of M rows of K: 4 where a thread holds
 /// four chunks or more (M·K / 8 >= 4 · kThreads), else 1. Measured on an H200 at 26b8467 (bench/results/
 /// gpu-2026-12-07f, the GEMV alone in a graph, each way twice, alternating): at 7 chunks a thread (Llama-3-8B's
 /// down, K = 14,336, one row) 4 a round took Q8_0 from 23.7 to 21.8 us and Q4_K from 16.5 to 16.0; at 4 or more
@@ -467,7 +467,8 @@ bool early_copies() {
 int x_batch(int M, std::int64_t K) {
   static const int forced = [] {
     const char* e = std::getenv("INFER_GGUF_GEMV_XBATCH");
-    return e == nullptr ? 0 : std::max(1, std::atoi(e));
+    const int v = e == nullptr ? 0 : std::atoi(e);
+    return v >= 1 ? v : 0;  // unset or not a positive number: the rule below
   }();
   if (forced > 0) return forced;
   return static_cast<std::int64_t>(M) * K / 8 >= 4 * kThreads ? 4 : 1;

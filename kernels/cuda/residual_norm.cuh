@@ -34,33 +34,18 @@ __device__ __forceinline__ void residual_chunk(const ResidualNorm& n, std::int64
 
 /// Each row's rsqrt(mean(r²) + eps) of a ResidualNorm over MM rows of K, into inv[0..MM): every thread's sums, then
 /// the warps' in a fixed order through `sums` (kWarpsN·MM floats). Ends with a barrier; the whole CTA calls it.
-/// batch (1 or 2, the same in every thread): chunks whose loads a thread has in flight together; the sums' bits do
-/// not depend on it.
 template <int MM, int kWarpsN>
-__device__ __forceinline__ void inv_rms(const ResidualNorm& n, std::int64_t K, float* sums, float* inv,
-                                        int batch = 2) {
+__device__ __forceinline__ void inv_rms(const ResidualNorm& n, std::int64_t K, float* sums, float* inv) {
   const auto cpr = static_cast<std::uint32_t>(K / 8);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 #pragma unroll
   for (int m = 0; m < MM; ++m) {
     float ss = 0.0f;
-    constexpr std::uint32_t kStride = kWarpsN * 32, kBatch = 2;  // a round's loads in flight together
-    for (std::uint32_t i0 = threadIdx.x; i0 < cpr; i0 += static_cast<std::uint32_t>(batch) * kStride) {
-      float r[kBatch][8];
+    for (std::uint32_t i = threadIdx.x; i < cpr; i += kWarpsN * 32) {
+      float r[8];
+      residual_chunk(n, static_cast<std::int64_t>(m) * cpr + i, r);
 #pragma unroll
-      for (std::uint32_t b = 0; b < kBatch; ++b) {
-        const std::uint32_t i = i0 + b * kStride;
-        if (b < static_cast<std::uint32_t>(batch) && i < cpr) {
-          residual_chunk(n, static_cast<std::int64_t>(m) * cpr + i, r[b]);
-        } else {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) r[b][e] = 0.0f;  // adds +0 to a sum >= +0: the same bits as no term
-        }
-      }
-#pragma unroll
-      for (std::uint32_t b = 0; b < kBatch; ++b)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) ss += r[b][e] * r[b][e];  // chunks in order: the unbatched loop's sum
+      for (int e = 0; e < 8; ++e) ss += r[e] * r[e];
     }
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
