@@ -20,6 +20,9 @@
 #   bench/gpu_suite.sh fp8-steady  issue 18's throughput as TensorRT-LLM measures it, fp8 then bf16 in one run:
 #                                30,000 x (128, 128) and 3,000 x (1000, 1000), all queued at once (~15 min on
 #                                the H200 at 2162603: start it detached, gpu_session.sh)
+#   bench/gpu_suite.sh gemm-cap  the prefill's GEMMs at M = 2048 with cuBLASLt's heuristic pick against picks timed
+#                                at the power cap (GemmTuning::measured_at_cap): the [gemm] tests, the bench, then
+#                                the TTFT of a 2,048-token prompt with INFER_GEMM_SUSTAINED_TUNE=0, 1, alternating
 #   bench/gpu_suite.sh decode-ab Llama-3-8B batch-1 decode with the GEMVs launched plainly and chained (the
 #                                default; INFER_GEMV_CHAIN=0, 1; gemv_split.cuh), alternating: bf16 twice, fp8 twice
 #   bench/gpu_suite.sh baseline-ab  Llama-3-8B batch-1 decode, bf16 and FP8, with this build and with an earlier
@@ -266,6 +269,24 @@ case "${1:-}" in
         python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['results']; \
 print(sys.argv[2], 'TTFT', round(r['ttft_ms'], 2), 'ms, device', round(r['ttft_device_ms'], 2))" \
           "$out/latency-llama3-8b-b1-2048-ttft-static-$a-r$r.json" "$a r$r"
+      done
+    done
+    ;;
+  gemm-cap)  # issue 16's TTFT: the prefill's GEMMs with cuBLASLt's heuristic pick (the default above 1,024 rows)
+    # against picks timed at the power cap (GemmTuning::measured_at_cap; INFER_GEMM_SUSTAINED_TUNE=1 in a model):
+    # the [gemm] tests, the bench (each Llama-3-8B shape at M = 2048 in ~50 ms windows, then the 32 layers' GEMMs),
+    # then the time to first token of a 2,048-token prompt (Llama-3-8B dummy, bf16, static engine), alternating
+    run "$build"/tests/test_cuda --durations yes "[gemm]~[.bench]" >"$out/gemm-tests.log" 2>&1
+    echo "gemm tests: $(tail -n 2 "$out/gemm-tests.log" | tr '\n' ' ')"
+    "$build"/tests/test_cuda "[gemm_cap]" 2>&1 | grep -E 'GemmTuning|M=2048|prefill|FAILED' | tee "$out/bench-gemm-cap.txt"
+    for r in 1 2 3; do
+      for t in 0 1; do
+        INFER_GEMM_SUSTAINED_TUNE=$t run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --engine static \
+          --max-batch 1 --max-input 2048 --max-output 4 --batch-size 1 --input-len 2048 --output-len 4 --num-iters 5 \
+          --output-json "$out/latency-llama3-8b-b1-2048-ttft-static-cap$t-r$r.json" >/dev/null
+        python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['results']; \
+print(sys.argv[2], 'TTFT', round(r['ttft_ms'], 2), 'ms, device', round(r['ttft_device_ms'], 2))" \
+          "$out/latency-llama3-8b-b1-2048-ttft-static-cap$t-r$r.json" "cap$t r$r"
       done
     done
     ;;
@@ -652,7 +673,7 @@ PY_
     run python3 tests/programs/check_serve_connections.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
     ;;
   *)
-    echo "usage: bench/gpu_suite.sh build|unpack|test [PART]|reference [T..]|seeds N...|bench|engines|early-ab|serve|router|connections|peer-serve|mpi-launch|prefill-ab|multi-gpu" >&2
+    echo "usage: bench/gpu_suite.sh build|unpack|test [PART]|reference [T..]|seeds N...|bench|engines|early-ab|serve|router|connections|peer-serve|mpi-launch|prefill-ab|gemm-cap|multi-gpu" >&2
     exit 2
     ;;
 esac

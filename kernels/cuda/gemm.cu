@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -143,13 +144,17 @@ struct Gemm::Impl {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   GemmTuning tuning;
+  bool at_cap;  ///< M above kTunedMaxRows timed (Timing::sustained)
   std::map<Key, Plan> plans;
   /// Each bucket's timed pick, keyed as plans are but with M replaced by its power-of-two bucket: every M of
   /// a bucket of one problem family shares it.
   std::map<Key, cublasLtMatmulAlgo_t> measured;
   std::size_t overrides = 0;
 
-  Impl(std::size_t ws, GemmTuning t) : workspace_bytes(ws), tuning(t) {
+  Impl(std::size_t ws, GemmTuning t)
+      : workspace_bytes(ws),
+        tuning(t),
+        at_cap(t == GemmTuning::measured_at_cap || (t == GemmTuning::measured && sustained_tuning_asked())) {
     check_lt(cublasLtCreate(&handle), "cublasLtCreate");
     if (ws > 0) {
       const cudaError_t e = cudaMalloc(&workspace, ws);
@@ -230,17 +235,39 @@ struct Gemm::Impl {
                                     key.out == OutType::bf16 ? " bf16 out)" : " f32 out)"));
     p.algo = results[0].algo;
     const double flops = 2.0 * static_cast<double>(key.m) * static_cast<double>(key.n) * static_cast<double>(key.k);
-    if (tuning == GemmTuning::measured && key.in == InType::bf16 && key.m >= Gemm::kTunedMinRows && key.m <= Gemm::kTunedMaxRows &&
-        flops >= Gemm::kTunedMinFlops)
-      choose_measured(key, p, std::span(results.data(), static_cast<std::size_t>(found)), ops);
+    const std::span candidates(results.data(), static_cast<std::size_t>(found));
+    if (tuning != GemmTuning::heuristic && key.in == InType::bf16) {
+      if (key.m >= Gemm::kTunedMinRows && key.m <= Gemm::kTunedMaxRows && flops >= Gemm::kTunedMinFlops)
+        choose_measured(key, p, candidates, ops, Timing::brief);
+      else if (key.m > Gemm::kTunedMaxRows && flops >= Gemm::kSustainedMinFlops && at_cap)
+        choose_measured(key, p, candidates, ops, Timing::sustained);
+    }
     return plans.emplace(key, std::move(p)).first->second;
+  }
+
+  /// How choose_measured times the candidates.
+  enum class Timing : std::uint8_t {
+    /// Two rounds of three calls each, each candidate's better round: a few ms in all, at whatever clock the
+    /// GPU is at (mostly its full one). Mid-sized M.
+    brief,
+    /// At the power cap, where a long prefill holds the GPU: the heuristic's pick first runs back-to-back for
+    /// kHeatMs, then three rounds over the candidates, each candidate kWindowMs of back-to-back calls a round,
+    /// its mean over the rounds counting. At M ≥ 2048 the brief timing picked algorithms 5-11% slower
+    /// in the prefill than the heuristic's (H200, 2026-12-05): its picks are the fastest at full clock.
+    sustained,
+  };
+
+  /// INFER_GEMM_SUSTAINED_TUNE=1: GemmTuning::measured as measured_at_cap.
+  static bool sustained_tuning_asked() {
+    const char* e = std::getenv("INFER_GEMM_SUSTAINED_TUNE");
+    return e != nullptr && std::string_view(e) == "1";
   }
 
   /// GemmTuning::measured: the bucket's winner if it has one and cuBLASLt takes it for this shape; else,
   /// when this call may be timed (beta = 0 so repeated runs are harmless, the stream not capturing),
   /// the fastest candidate, which becomes the bucket's winner. Otherwise the heuristic's choice stays.
   void choose_measured(const Key& key, Plan& p, std::span<const cublasLtMatmulHeuristicResult_t> candidates,
-                       const Operands& ops) {
+                       const Operands& ops, Timing timing) {
     Key bk = key;
     bk.m = bucket_of(key.m);
     if (auto it = measured.find(bk); it != measured.end()) {
@@ -254,32 +281,52 @@ struct Gemm::Impl {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     check_cuda(cudaStreamIsCapturing(ops.stream, &capturing), "cudaStreamIsCapturing");
     if (capturing != cudaStreamCaptureStatusNone) return;
-    // Two rounds over the candidates, each candidate's best round counts: the GPU's clock drifts with
-    // its power draw while it runs back-to-back GEMMs, and one round alone would favour whichever
-    // candidate ran while it was cool.
     EventPair ev;
-    constexpr int kRounds = 2, kRuns = 3;
     const float alpha = 1.0f, beta = 0.0f;
+    const auto once = [&](const cublasLtMatmulAlgo_t& a) {
+      return cublasLtMatmul(handle, p.desc, &alpha, ops.w, p.a, ops.x, p.b, &beta, ops.y, p.c, ops.y, p.c, &a, workspace,
+                            workspace_bytes, ops.stream) == CUBLAS_STATUS_SUCCESS;
+    };
+    // ms per call of `runs` back-to-back calls of a, or infinity when one fails to launch.
+    const auto timed = [&](const cublasLtMatmulAlgo_t& a, int runs) {
+      check_cuda(cudaEventRecord(ev.start, ops.stream), "cudaEventRecord");
+      bool ok = true;
+      for (int r = 0; r < runs && ok; ++r) ok = once(a);
+      check_cuda(cudaEventRecord(ev.stop, ops.stream), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(ev.stop), "cudaEventSynchronize");
+      float ms = 0;
+      check_cuda(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime");
+      return ok ? ms / static_cast<float>(runs) : std::numeric_limits<float>::infinity();
+    };
+    const auto usable = [&](const cublasLtMatmulHeuristicResult_t& c) {
+      return c.state == CUBLAS_STATUS_SUCCESS && c.workspaceSize <= workspace_bytes;
+    };
     std::array<float, Gemm::kTuneCandidates> ms_best;
     ms_best.fill(std::numeric_limits<float>::infinity());
-    for (int round = 0; round < kRounds; ++round) {
-      for (std::size_t i = 0; i < candidates.size(); ++i) {
-        const auto& c = candidates[i];
-        if (c.state != CUBLAS_STATUS_SUCCESS || c.workspaceSize > workspace_bytes) continue;
-        auto once = [&] {
-          return cublasLtMatmul(handle, p.desc, &alpha, ops.w, p.a, ops.x, p.b, &beta, ops.y, p.c, ops.y, p.c, &c.algo,
-                                workspace, workspace_bytes, ops.stream);
-        };
-        if (once() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a candidate that fails to launch is skipped
-        check_cuda(cudaEventRecord(ev.start, ops.stream), "cudaEventRecord");
-        bool ok = true;
-        for (int r = 0; r < kRuns && ok; ++r) ok = once() == CUBLAS_STATUS_SUCCESS;
-        check_cuda(cudaEventRecord(ev.stop, ops.stream), "cudaEventRecord");
-        check_cuda(cudaEventSynchronize(ev.stop), "cudaEventSynchronize");
-        float ms = 0;
-        check_cuda(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime");
-        if (ok) ms_best[i] = std::min(ms_best[i], ms);
-      }
+    if (timing == Timing::brief) {
+      // Two rounds over the candidates, each candidate's best round counts: the GPU's clock drifts with
+      // its power draw while it runs back-to-back GEMMs, and one round alone would favour whichever
+      // candidate ran while it was cool.
+      constexpr int kRounds = 2, kRuns = 3;
+      for (int round = 0; round < kRounds; ++round)
+        for (std::size_t i = 0; i < candidates.size(); ++i)
+          if (usable(candidates[i]) && once(candidates[i].algo))  // warm-up; one that fails to launch is skipped
+            ms_best[i] = std::min(ms_best[i], timed(candidates[i].algo, kRuns));
+    } else {
+      constexpr float kHeatMs = 40.0f, kWindowMs = 8.0f;
+      constexpr int kRounds = 3;
+      // Each candidate's first launch (which may load its module) outside the windows.
+      std::array<bool, Gemm::kTuneCandidates> ok{};
+      for (std::size_t i = 0; i < candidates.size(); ++i) ok[i] = usable(candidates[i]) && once(candidates[i].algo);
+      if (!ok[0]) return;
+      const float one = timed(p.algo, 1);
+      const auto runs_for = [&](float ms) { return std::max(3, static_cast<int>(ms / std::max(one, 1e-3f)) + 1); };
+      timed(p.algo, runs_for(kHeatMs));
+      std::array<float, Gemm::kTuneCandidates> sum{};
+      for (int round = 0; round < kRounds; ++round)
+        for (std::size_t i = 0; i < candidates.size(); ++i)
+          sum[i] += ok[i] ? timed(candidates[i].algo, runs_for(kWindowMs)) : std::numeric_limits<float>::infinity();
+      for (std::size_t i = 0; i < candidates.size(); ++i) ms_best[i] = sum[i] / kRounds;
     }
     // The heuristic's first choice stays unless another is clearly faster (timing noise is ~1%).
     constexpr float kMargin = 0.98f;
@@ -453,7 +500,7 @@ std::size_t Gemm::adopt_measured_algorithms(const std::map<std::string, std::str
 }
 
 void Gemm::tune(std::span<const std::pair<std::int64_t, std::int64_t>> shapes, void* stream) {
-  if (impl_->tuning != GemmTuning::measured || shapes.empty()) return;
+  if (impl_->tuning == GemmTuning::heuristic || shapes.empty()) return;
   std::int64_t max_n = 0, max_k = 0, max_nk = 0;
   for (const auto& [n, k] : shapes) {
     if (n < 1 || k < 1) throw InvalidArgument(detail::cat("cuda::Gemm::tune: bad weight shape N=", n, " K=", k));

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -224,6 +225,37 @@ TEST_CASE("cuda::Gemm GemmTuning::measured: one timed pick per M bucket, every p
     check_close(to_f32(download<std::uint16_t>(dy.p, r.y.size())), r.y, r.abs_y, s.K, std::ldexp(1.0, -8), 2.0);
   }
   CHECK(gemm.tuned_buckets() == 2);
+  CHECK(gemm.cached_plans() == std::size(shapes));
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("cuda::Gemm GemmTuning::measured_at_cap: prefill-sized M timed at the power cap, the pick computes the "
+          "product", "[cuda][gemm]") {
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  kc::Gemm gemm(kc::Gemm::kDefaultWorkspaceBytes, kc::GemmTuning::measured_at_cap);
+  struct Shape {
+    std::int64_t M, N, K;
+  };
+  // 2048 x 4096 x 4096 (69 GFLOP) is timed; 1600 shares its bucket (52 GFLOP, the pick reused where cuBLASLt
+  // takes it); 2048 x 256 x 256 is under kSustainedMinFlops (the heuristic's).
+  const Shape shapes[] = {{2048, 4096, 4096}, {1600, 4096, 4096}, {2048, 256, 256}};
+  std::uint32_t seed = test_seed("cuda::Gemm tuning at the cap");
+  for (const Shape& s : shapes) {
+    INFO("M=" << s.M << " N=" << s.N << " K=" << s.K);
+    std::mt19937 rng(++seed);
+    const auto xb = random_bf16(static_cast<std::size_t>(s.M * s.K), rng);
+    const auto wb = random_bf16(static_cast<std::size_t>(s.N * s.K), rng);
+    const Reference r = reference(to_f32(xb), to_f32(wb), s.M, s.N, s.K);
+    test::DeviceMem dx(xb.size() * 2), dw(wb.size() * 2), dy(r.y.size() * 2);
+    upload(dx.p, xb);
+    upload(dw.p, wb);
+    CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
+    gemm.run(dx.as<std::uint16_t>(), dw.as<std::uint16_t>(), dy.as<std::uint16_t>(), s.M, s.N, s.K, stream);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    check_close(to_f32(download<std::uint16_t>(dy.p, r.y.size())), r.y, r.abs_y, s.K, std::ldexp(1.0, -8), 2.0);
+  }
+  CHECK(gemm.tuned_buckets() == 1);
   CHECK(gemm.cached_plans() == std::size(shapes));
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
@@ -1145,5 +1177,85 @@ TEST_CASE("bench: gguf_gemv GB/s and bf16 Gemm TFLOP/s", "[cuda][.bench][gemm_be
     std::printf("Gemm bf16 M=N=K=%lld: %8.3f ms, %6.1f TFLOP/s (torch: 786)\n", static_cast<long long>(S), ms,
                 2.0 * static_cast<double>(S) * S * S / (ms * 1e-3) / 1e12);
   }
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("bench: prefill GEMMs at the power cap, cuBLASLt's heuristic against the picks timed there",
+          "[cuda][.bench][gemm_cap]") {
+  // Issue 16's TTFT: a 2,048-token Llama-3-8B prefill holds the GPU at its power cap, where the clock sits well
+  // under its maximum. Per layer shape at M = 2048, random operands (power follows the bits that toggle):
+  // each Gemm's algorithm in windows of ~50 ms of back-to-back calls, alternating, and then the prefill's GEMM
+  // sequence (32 x qkv, o, gate_up, down), alternating. GemmTuning::measured_at_cap's picks against heuristic.
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreate(&stream));
+  struct Layer {
+    const char* name;
+    std::int64_t N, K;
+  };
+  const Layer layers[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
+  const std::int64_t M = 2048, max_k = 14336, max_n = 28672;
+  std::mt19937 rng(11);
+  test::DeviceMem x(static_cast<std::size_t>(M * max_k) * 2), y(static_cast<std::size_t>(M * max_n) * 2);
+  upload(x.p, random_bf16(static_cast<std::size_t>(M * max_k), rng));
+  std::vector<std::unique_ptr<test::DeviceMem>> w;
+  for (const Layer& l : layers) {
+    w.push_back(std::make_unique<test::DeviceMem>(static_cast<std::size_t>(l.N * l.K) * 2));
+    upload(w.back()->p, random_bf16(static_cast<std::size_t>(l.N * l.K), rng, 0.02f));
+  }
+  kc::Gemm heuristic(kc::Gemm::kDefaultWorkspaceBytes, kc::GemmTuning::heuristic);
+  kc::Gemm at_cap(kc::Gemm::kDefaultWorkspaceBytes, kc::GemmTuning::measured_at_cap);
+  const auto run = [&](kc::Gemm& g, std::size_t i) {
+    g.run(x.as<std::uint16_t>(), w[i]->as<std::uint16_t>(), y.as<std::uint16_t>(), M, layers[i].N, layers[i].K, stream);
+  };
+  for (std::size_t i = 0; i < std::size(layers); ++i) {  // plans made (and at_cap's timed) before any window
+    run(heuristic, i);
+    run(at_cap, i);
+  }
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  std::printf("GemmTuning::measured_at_cap: %zu buckets timed, %zu chose another algorithm than the heuristic\n",
+              at_cap.tuned_buckets(), at_cap.tuned_overrides());
+  cudaEvent_t a, b;
+  CUDA_REQUIRE(cudaEventCreate(&a));
+  CUDA_REQUIRE(cudaEventCreate(&b));
+  const auto window_ms = [&](int calls, auto&& body) {
+    CUDA_REQUIRE(cudaEventRecord(a, stream));
+    for (int c = 0; c < calls; ++c) body();
+    CUDA_REQUIRE(cudaEventRecord(b, stream));
+    CUDA_REQUIRE(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_REQUIRE(cudaEventElapsedTime(&ms, a, b));
+    return static_cast<double>(ms);
+  };
+  for (std::size_t i = 0; i < std::size(layers); ++i) {
+    const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(layers[i].N) * static_cast<double>(layers[i].K);
+    const int calls = std::max(10, static_cast<int>(50e-3 / (flop / 700e12)));
+    double sum[2] = {0, 0};
+    constexpr int kRounds = 5;
+    window_ms(calls, [&] { run(heuristic, i); });  // to the cap
+    for (int r = 0; r < kRounds; ++r) {
+      sum[0] += window_ms(calls, [&] { run(heuristic, i); }) / calls;
+      sum[1] += window_ms(calls, [&] { run(at_cap, i); }) / calls;
+    }
+    std::printf("%-7s M=%lld N=%6lld K=%5lld, %d calls a window: heuristic %8.1f us %6.1f TFLOP/s, at-cap pick %8.1f us "
+                "%6.1f TFLOP/s (%+.1f%%)\n",
+                layers[i].name, static_cast<long long>(M), static_cast<long long>(layers[i].N),
+                static_cast<long long>(layers[i].K), calls, sum[0] / kRounds * 1e3, flop / (sum[0] / kRounds * 1e-3) / 1e12,
+                sum[1] / kRounds * 1e3, flop / (sum[1] / kRounds * 1e-3) / 1e12, (sum[0] / sum[1] - 1.0) * 100);
+  }
+  const auto prefill = [&](kc::Gemm& g) {
+    for (int layer = 0; layer < 32; ++layer)
+      for (std::size_t i = 0; i < std::size(layers); ++i) run(g, i);
+  };
+  double total[2] = {0, 0};
+  constexpr int kPrefills = 6;
+  window_ms(1, [&] { prefill(heuristic); });
+  for (int r = 0; r < kPrefills; ++r) {
+    total[0] += window_ms(1, [&] { prefill(heuristic); });
+    total[1] += window_ms(1, [&] { prefill(at_cap); });
+  }
+  std::printf("the prefill's GEMMs (32 layers, M=2048), %d alternating: heuristic %.2f ms, at-cap picks %.2f ms (%+.1f%%)\n",
+              kPrefills, total[0] / kPrefills, total[1] / kPrefills, (total[0] / total[1] - 1.0) * 100);
+  CUDA_REQUIRE(cudaEventDestroy(a));
+  CUDA_REQUIRE(cudaEventDestroy(b));
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }

@@ -47,6 +47,11 @@ enum class GemmTuning : std::uint8_t {
   /// is not the one that is fastest once a long step holds the GPU at its power cap. Small problems
   /// (a few µs, where timing noise decides) keep the heuristic's deterministic pick.
   measured,
+  /// As measured, and M above kTunedMaxRows (problems of at least kSustainedMinFlops) timed too, at the
+  /// power cap: after ~40 ms of the heuristic's pick back-to-back, three rounds of ~8 ms per candidate, each
+  /// candidate's mean counting. A model's Gemm (measured) runs this way with INFER_GEMM_SUSTAINED_TUNE=1, until
+  /// a run shows whether it pays for a prefill (bench/gpu_suite.sh gemm-cap).
+  measured_at_cap,
 };
 
 /// A cuBLASLt handle, its workspace, and one cached plan per problem: the matmul descriptor, the three
@@ -72,6 +77,8 @@ class Gemm {
   static constexpr std::int64_t kTunedMaxRows = 1024;
   static constexpr double kTunedMinFlops = 4.0e9;  ///< 2·M·N·K: ~5 µs at the H200's bf16 peak
   static constexpr int kTuneCandidates = 8;
+  /// The smallest problem above kTunedMaxRows that INFER_GEMM_SUSTAINED_TUNE times: ~60 µs at ~800 TFLOP/s.
+  static constexpr double kSustainedMinFlops = 5.0e10;
   /// Creates the handle and allocates the workspace on the current device. DeviceError on failure.
   explicit Gemm(std::size_t workspace_bytes = kDefaultWorkspaceBytes, GemmTuning tuning = GemmTuning::measured);
   ~Gemm();
