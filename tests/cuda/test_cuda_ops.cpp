@@ -231,10 +231,11 @@ TEST_CASE("cuda::rope_write_kv rotates q and k and writes the paged cache", "[cu
     std::int64_t T;
     float theta;
   };
-  // GQA ratios 1, 3, 4, 8; head_dim 64 and 128 (and 2, 6: no 16-byte V path); block sizes 8/16/32.
+  // GQA ratios 1, 3, 4, 8; head_dim 64 and 128 (and 2, 6: no 16-byte V path; 512: more pairs than a block's
+  // threads, whose (sin, cos) each thread puts in shared memory in turn); block sizes 8/16/32.
   const Case cases[] = {{4, 4, 64, 16, 7, 10000.0f},  {9, 3, 64, 8, 33, 10000.0f},  {8, 2, 128, 32, 1, 500000.0f},
                         {16, 2, 128, 16, 13, 1e6f},   {32, 8, 128, 16, 5, 10000.0f}, {3, 1, 6, 8, 9, 10000.0f},
-                        {2, 2, 2, 8, 3, 100.0f},       {12, 4, 64, 32, 65, 10000.0f}};
+                        {2, 2, 2, 8, 3, 100.0f},       {12, 4, 64, 32, 65, 10000.0f}, {4, 2, 512, 16, 6, 10000.0f}};
   for (const Case& c : cases) {
     for (int style : {0, 1}) {
       const RopeStyle rs = style == 0 ? RopeStyle::neox : RopeStyle::interleaved;
