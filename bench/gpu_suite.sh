@@ -150,6 +150,14 @@ run() {  # run CMD...: echo it, run it, remember a failure, go on
   echo "+ $*"
   "$@" || { echo "FAILED ($?): $*"; fail=1; }
 }
+ttft_2048() {  # ttft_2048 LABEL: issue 16's time to first token, a 2,048-token prompt (Llama-3-8B dummy, bf16,
+  # static engine) with this environment, into latency-llama3-8b-b1-2048-ttft-static-LABEL.json; prints it
+  local f="$out/latency-llama3-8b-b1-2048-ttft-static-$1.json"
+  run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --engine static --max-batch 1 --max-input 2048 \
+    --max-output 4 --batch-size 1 --input-len 2048 --output-len 4 --num-iters 5 --output-json "$f" >/dev/null
+  python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['results']; \
+print(sys.argv[2], 'TTFT', round(r['ttft_ms'], 2), 'ms, device', round(r['ttft_device_ms'], 2))" "$f" "$1"
+}
 
 case "${1:-}" in
   build)
@@ -262,14 +270,7 @@ case "${1:-}" in
     "$build"/tests/test_cuda "CUDA paged prefill attention throughput" 2>&1 | grep -E 'paged prefill|FAILED' |
       tee "$out/bench-prefill-attention.txt"
     for r in 1 2; do
-      for a in tc128 wgmma; do
-        INFER_PREFILL_ATTENTION=$a run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --engine static \
-          --max-batch 1 --max-input 2048 --max-output 4 --batch-size 1 --input-len 2048 --output-len 4 --num-iters 5 \
-          --output-json "$out/latency-llama3-8b-b1-2048-ttft-static-$a-r$r.json" >/dev/null
-        python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['results']; \
-print(sys.argv[2], 'TTFT', round(r['ttft_ms'], 2), 'ms, device', round(r['ttft_device_ms'], 2))" \
-          "$out/latency-llama3-8b-b1-2048-ttft-static-$a-r$r.json" "$a r$r"
-      done
+      for a in tc128 wgmma; do INFER_PREFILL_ATTENTION=$a ttft_2048 "$a-r$r"; done
     done
     ;;
   gemm-cap)  # issue 16's TTFT: the prefill's GEMMs with cuBLASLt's heuristic pick (the default above 1,024 rows)
@@ -280,14 +281,7 @@ print(sys.argv[2], 'TTFT', round(r['ttft_ms'], 2), 'ms, device', round(r['ttft_d
     echo "gemm tests: $(tail -n 2 "$out/gemm-tests.log" | tr '\n' ' ')"
     "$build"/tests/test_cuda "[gemm_cap]" 2>&1 | grep -E 'GemmTuning|M=2048|prefill|FAILED' | tee "$out/bench-gemm-cap.txt"
     for r in 1 2 3; do
-      for t in 0 1; do
-        INFER_GEMM_SUSTAINED_TUNE=$t run "$bin"/infer-bench-latency --dummy llama3-8b --quantizer bf16 --engine static \
-          --max-batch 1 --max-input 2048 --max-output 4 --batch-size 1 --input-len 2048 --output-len 4 --num-iters 5 \
-          --output-json "$out/latency-llama3-8b-b1-2048-ttft-static-cap$t-r$r.json" >/dev/null
-        python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['results']; \
-print(sys.argv[2], 'TTFT', round(r['ttft_ms'], 2), 'ms, device', round(r['ttft_device_ms'], 2))" \
-          "$out/latency-llama3-8b-b1-2048-ttft-static-cap$t-r$r.json" "cap$t r$r"
-      done
+      for t in 0 1; do INFER_GEMM_SUSTAINED_TUNE=$t ttft_2048 "cap$t-r$r"; done
     done
     ;;
   baseline-ab)  # batch-1 decode with this build and an earlier one, alternating (the earlier one's FP8 GEMV on

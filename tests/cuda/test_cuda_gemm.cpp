@@ -24,6 +24,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -197,20 +198,18 @@ TEST_CASE("cuda::Gemm bf16 -> bf16 matches gemm_xwt", "[cuda][gemm]") {
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
-TEST_CASE("cuda::Gemm GemmTuning::measured: one timed pick per M bucket, every pick computes the product",
-          "[cuda][gemm]") {
+struct GemmShape {
+  std::int64_t M, N, K;
+};
+
+/// Runs `gemm` on each shape in turn (fresh random operands; each shape's first call is where it is tuned) and
+/// checks every product against the CPU; then the tuned buckets and the plans made.
+void check_tuned_products(kc::Gemm& gemm, std::span<const GemmShape> shapes, const char* seed_name,
+                          std::size_t buckets) {
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreate(&stream));
-  kc::Gemm gemm(kc::Gemm::kDefaultWorkspaceBytes, kc::GemmTuning::measured);
-  struct Shape {
-    std::int64_t M, N, K;
-  };
-  // 300 and 400 share bucket 512 (the second reuses the first's pick), 64 is the smallest tuned M; 2000
-  // is past kTunedMaxRows, 8 below kTunedMinRows and 100 x 64 x 64 below kTunedMinFlops (heuristic only).
-  const Shape shapes[] = {{300, 4096, 2048}, {400, 4096, 2048}, {64, 8000, 4000},
-                          {2000, 256, 256},  {8, 1024, 512},    {100, 64, 64}};
-  std::uint32_t seed = test_seed("cuda::Gemm tuning");
-  for (const Shape& s : shapes) {
+  std::uint32_t seed = test_seed(seed_name);
+  for (const GemmShape& s : shapes) {
     INFO("M=" << s.M << " N=" << s.N << " K=" << s.K);
     std::mt19937 rng(++seed);
     const auto xb = random_bf16(static_cast<std::size_t>(s.M * s.K), rng);
@@ -224,40 +223,28 @@ TEST_CASE("cuda::Gemm GemmTuning::measured: one timed pick per M bucket, every p
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
     check_close(to_f32(download<std::uint16_t>(dy.p, r.y.size())), r.y, r.abs_y, s.K, std::ldexp(1.0, -8), 2.0);
   }
-  CHECK(gemm.tuned_buckets() == 2);
-  CHECK(gemm.cached_plans() == std::size(shapes));
+  CHECK(gemm.tuned_buckets() == buckets);
+  CHECK(gemm.cached_plans() == shapes.size());
   CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("cuda::Gemm GemmTuning::measured: one timed pick per M bucket, every pick computes the product",
+          "[cuda][gemm]") {
+  kc::Gemm gemm(kc::Gemm::kDefaultWorkspaceBytes, kc::GemmTuning::measured);
+  // 300 and 400 share bucket 512 (the second reuses the first's pick), 64 is the smallest tuned M; 2000
+  // is past kTunedMaxRows, 8 below kTunedMinRows and 100 x 64 x 64 below kTunedMinFlops (heuristic only).
+  const GemmShape shapes[] = {{300, 4096, 2048}, {400, 4096, 2048}, {64, 8000, 4000},
+                              {2000, 256, 256},  {8, 1024, 512},    {100, 64, 64}};
+  check_tuned_products(gemm, shapes, "cuda::Gemm tuning", 2);
 }
 
 TEST_CASE("cuda::Gemm GemmTuning::measured_at_cap: prefill-sized M timed at the power cap, the pick computes the "
           "product", "[cuda][gemm]") {
-  cudaStream_t stream;
-  CUDA_REQUIRE(cudaStreamCreate(&stream));
   kc::Gemm gemm(kc::Gemm::kDefaultWorkspaceBytes, kc::GemmTuning::measured_at_cap);
-  struct Shape {
-    std::int64_t M, N, K;
-  };
   // 2048 x 4096 x 4096 (69 GFLOP) is timed; 1600 shares its bucket (52 GFLOP, the pick reused where cuBLASLt
   // takes it); 2048 x 256 x 256 is under kSustainedMinFlops (the heuristic's).
-  const Shape shapes[] = {{2048, 4096, 4096}, {1600, 4096, 4096}, {2048, 256, 256}};
-  std::uint32_t seed = test_seed("cuda::Gemm tuning at the cap");
-  for (const Shape& s : shapes) {
-    INFO("M=" << s.M << " N=" << s.N << " K=" << s.K);
-    std::mt19937 rng(++seed);
-    const auto xb = random_bf16(static_cast<std::size_t>(s.M * s.K), rng);
-    const auto wb = random_bf16(static_cast<std::size_t>(s.N * s.K), rng);
-    const Reference r = reference(to_f32(xb), to_f32(wb), s.M, s.N, s.K);
-    test::DeviceMem dx(xb.size() * 2), dw(wb.size() * 2), dy(r.y.size() * 2);
-    upload(dx.p, xb);
-    upload(dw.p, wb);
-    CUDA_REQUIRE(cudaMemset(dy.p, 0xff, r.y.size() * 2));
-    gemm.run(dx.as<std::uint16_t>(), dw.as<std::uint16_t>(), dy.as<std::uint16_t>(), s.M, s.N, s.K, stream);
-    CUDA_REQUIRE(cudaStreamSynchronize(stream));
-    check_close(to_f32(download<std::uint16_t>(dy.p, r.y.size())), r.y, r.abs_y, s.K, std::ldexp(1.0, -8), 2.0);
-  }
-  CHECK(gemm.tuned_buckets() == 1);
-  CHECK(gemm.cached_plans() == std::size(shapes));
-  CUDA_REQUIRE(cudaStreamDestroy(stream));
+  const GemmShape shapes[] = {{2048, 4096, 4096}, {1600, 4096, 4096}, {2048, 256, 256}};
+  check_tuned_products(gemm, shapes, "cuda::Gemm tuning at the cap", 1);
 }
 
 TEST_CASE("cuda::Gemm picks tuned ahead travel as text: another Gemm takes them and computes the same bits",
